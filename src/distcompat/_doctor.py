@@ -1,0 +1,143 @@
+"""``distcompat doctor``: what the launcher env says and what init would choose, with reasons.
+
+It decides exactly as :func:`distcompat.init_distributed` would, but creates no process group, so
+it is safe under any launcher, on any number of ranks::
+
+    torchrun --standalone --nproc-per-node=2 --no-python distcompat doctor
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from distcompat._host import HostInfo, probe_host
+from distcompat._placement import (
+    BackendUnavailableError,
+    DeviceBindingError,
+    choose_backend,
+    choose_timeout,
+    resolve_device,
+)
+from distcompat.env import LaunchEnv, LaunchEnvError
+
+__all__ = ["DoctorReport", "collect_report"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DoctorReport:
+    """Everything ``distcompat doctor`` prints for one rank; ``problems`` empty means healthy."""
+
+    env: LaunchEnv | None
+    host: HostInfo
+    device: str | None
+    device_reason: str
+    backend: str | None
+    backend_reason: str
+    timeout_reason: str
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing stops :func:`distcompat.init_distributed` from working."""
+        return not self.problems
+
+    def to_text(self) -> str:
+        """Readable lines, each prefixed with the rank so several ranks' output stays legible."""
+        tag = f"[rank {self.env.rank}] " if self.env is not None else "[rank ?] "
+        lines = []
+        if self.env is not None:
+            lines.append(
+                f"launcher {self.env.launcher}: rank {self.env.rank} of {self.env.world_size}, "
+                f"local rank {self.env.local_rank} of {self.env.local_world_size}, "
+                f"node {self.env.node_rank} of {self.env.num_nodes}"
+            )
+            lines += [f"  {line}" for line in self.env.describe().splitlines()]
+        lines += [
+            f"device:  {self.device or '-'}  ({self.device_reason})",
+            f"backend: {self.backend or '-'}  ({self.backend_reason})",
+            f"timeout: {self.timeout_reason}",
+            f"torch {self.host.torch_version}; collective backends built in: "
+            f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
+            f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
+            f"mps={int(self.host.mps_available)}",
+        ]
+        lines += [f"PROBLEM: {p}" for p in self.problems]
+        lines.append("ok: init_distributed() would succeed" if self.ok else "not ok")
+        return "\n".join(tag + line for line in lines)
+
+    def to_json(self) -> str:
+        """One JSON object (a line per rank when several ranks print)."""
+        env = self.env
+        return json.dumps(
+            {
+                "launcher": env.launcher if env else None,
+                "rank": env.rank if env else None,
+                "local_rank": env.local_rank if env else None,
+                "world_size": env.world_size if env else None,
+                "local_world_size": env.local_world_size if env else None,
+                "node_rank": env.node_rank if env else None,
+                "master_addr": env.master_addr if env else None,
+                "master_port": env.master_port if env else None,
+                "sources": dict(env.sources) if env else {},
+                "device": self.device,
+                "device_reason": self.device_reason,
+                "backend": self.backend,
+                "backend_reason": self.backend_reason,
+                "timeout_reason": self.timeout_reason,
+                "torch_version": self.host.torch_version,
+                "backends": sorted(self.host.backends),
+                "cuda_device_count": self.host.cuda_device_count,
+                "problems": list(self.problems),
+                "ok": self.ok,
+            },
+            sort_keys=True,
+        )
+
+
+def collect_report(
+    device: str = "auto", backend: str | None = None, environ: Mapping[str, str] | None = None
+) -> DoctorReport:
+    """Decide what init would do for this rank, collecting every problem instead of raising.
+
+    Example:
+        >>> collect_report(device="cpu", environ={}).backend
+        'gloo'
+    """
+    host = probe_host()
+    problems: list[str] = []
+    try:
+        env: LaunchEnv | None = LaunchEnv.from_environ(environ)
+    except LaunchEnvError as exc:
+        env, problems = None, [f"launcher environment: {exc}"]
+    device_name: str | None = None
+    backend_name: str | None = None
+    device_reason = backend_reason = "not decided: the launcher environment is invalid"
+    if env is not None:
+        try:
+            chosen = resolve_device(device, local_rank=env.local_rank, env=env, host=host)
+            device_name, device_reason = str(chosen.device), chosen.reason
+            picked = choose_backend(chosen.device, backend, host=host)
+            backend_name, backend_reason = picked.backend, picked.reason
+        except (DeviceBindingError, BackendUnavailableError, ValueError) as exc:
+            problems.append(str(exc))
+            device_reason = device_reason if device_name else f"failed: {exc}"
+            backend_reason = "not decided" if backend_name is None else backend_reason
+        if env.is_distributed and env.world_size > 1 and env.master_addr is None:
+            problems.append(
+                f"the {env.launcher} launch gives no rendezvous address: set MASTER_ADDR "
+                "(and MASTER_PORT) to rank 0's host and a free port"
+            )
+        if not env.is_distributed:
+            backend_reason = f"none needed: single process ({backend_reason} if it were launched)"
+    return DoctorReport(
+        env=env,
+        host=host,
+        device=device_name,
+        device_reason=device_reason,
+        backend=backend_name,
+        backend_reason=backend_reason,
+        timeout_reason=choose_timeout(None).reason,
+        problems=tuple(problems),
+    )

@@ -1,0 +1,67 @@
+"""The ``distcompat`` command line: ``distcompat doctor`` (more subcommands arrive with the demo).
+
+Example::
+
+    distcompat doctor --device cpu
+    torchrun --standalone --nproc-per-node=2 --no-python distcompat doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main"]
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="distcompat",
+        description="PyTorch distributed that behaves the same on every backend and launcher.",
+    )
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    doctor = commands.add_parser(
+        "doctor",
+        help="show what the launcher env says and which device/backend init would pick, and why",
+        description=(
+            "Print the launcher environment, the run device and collective backend that "
+            "init_distributed() would choose with reasons, the torch version and the backends "
+            "built in. Creates no process group; exits 1 when init would fail."
+        ),
+    )
+    doctor.add_argument("--device", default="auto", help="run device to plan for (default: auto)")
+    doctor.add_argument("--backend", default=None, help="backend to plan for (default: from device)")
+    doctor.add_argument("--json", action="store_true", help="one JSON object per rank")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``distcompat`` console script; returns the exit code.
+
+    Example:
+        >>> main(["doctor", "--device", "cpu", "--json"])  # doctest: +SKIP
+        0
+    """
+    parser = _build_parser()
+    options = parser.parse_args(argv)
+    if options.version:
+        from distcompat import __version__
+
+        print(f"distcompat {__version__}")
+        return 0
+    if options.command == "doctor":
+        from distcompat._doctor import collect_report
+
+        report = collect_report(device=options.device, backend=options.backend)
+        # One write per rank, so ranks launched together do not interleave mid-line.
+        sys.stdout.write((report.to_json() if options.json else report.to_text()) + "\n")
+        sys.stdout.flush()
+        return 0 if report.ok else 1
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""pytest plugin: the ``run_on_ranks`` fixture, and warm rank pools shut down with the session.
+
+Enable it in a ``conftest.py``::
+
+    pytest_plugins = ["distcompat.testing.pytest_plugin"]
+
+    def test_sum(run_on_ranks):
+        assert run_on_ranks(my_rank_fn, world_size=2) == [3, 3]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+__all__ = ["pytest_sessionfinish", "run_on_ranks"]
+
+
+@pytest.fixture
+def run_on_ranks() -> Callable[..., list[Any]]:
+    """The :func:`distcompat.testing.run_on_ranks` function, with pools shared across tests."""
+    from distcompat.testing import run_on_ranks as runner
+
+    return runner
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the warm rank processes when the test session ends."""
+    from distcompat.testing import shutdown_pools
+
+    shutdown_pools()

@@ -1,0 +1,251 @@
+"""Process-group lifecycle on real gloo groups of 2 and 3 ranks, plus the single-process path.
+
+The tests that pretend a host has CUDA describe it with ``override_host`` (we have no GPU here).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+import warnings
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distcompat
+from distcompat import DeviceBindingError, DistInitError, LaunchEnv
+from distcompat._host import override_host, probe_host
+from distcompat.testing import run_on_ranks
+
+
+def _all_reduce_sum() -> float:
+    value = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(value)
+    return value.item()
+
+
+def _harness_info() -> dict[str, Any]:
+    info = distcompat.init_distributed(device="cpu", backend="gloo", timeout=120.0)
+    again = distcompat.init_distributed(device="cpu", backend="gloo", timeout=120.0)
+    return {
+        "same": info is again,
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "backend": info.backend,
+        "device": str(info.device),
+        "has_group": info.has_group,
+        "helpers": (
+            distcompat.get_rank(),
+            distcompat.get_world_size(),
+            distcompat.get_local_rank(),
+            distcompat.is_main_process(),
+        ),
+        "reason": info.reason,
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_info_and_helpers_on_real_group(world_size: int) -> None:
+    for rank, got in enumerate(run_on_ranks(_harness_info, world_size)):
+        assert got["same"]
+        assert (got["rank"], got["world_size"]) == (rank, world_size)
+        assert (got["backend"], got["device"], got["has_group"]) == ("gloo", "cpu", True)
+        assert got["helpers"] == (rank, world_size, rank, rank == 0)
+        assert got["reason"].splitlines()[0].startswith("device: cpu")
+
+
+def _init_destroy_twice() -> list[float]:
+    distcompat.destroy_distributed()
+    sums = []
+    for _ in range(2):
+        info = distcompat.init_distributed(device="cpu", timeout=60)
+        assert info.has_group and not info.adopted
+        sums.append(_all_reduce_sum())
+        distcompat.barrier()
+        distcompat.destroy_distributed()
+        assert not dist.is_initialized()
+        distcompat.destroy_distributed()  # a second destroy is a no-op
+    return sums
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_init_and_destroy_twice(world_size: int) -> None:
+    expected = float(sum(range(1, world_size + 1)))
+    assert run_on_ranks(_init_destroy_twice, world_size) == [[expected, expected]] * world_size
+
+
+def _second_call_warns() -> str:
+    distcompat.init_distributed(device="cpu", backend="gloo", timeout=120.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        distcompat.init_distributed(device="cpu", timeout=5)
+    assert len(caught) == 1
+    return str(caught[0].message)
+
+
+def test_second_call_with_other_arguments_warns() -> None:
+    for message in run_on_ranks(_second_call_warns, 2):
+        assert "already ran" in message
+        assert "ignoring the new arguments" in message
+
+
+def _adopt(token: str) -> dict[str, Any]:
+    distcompat.destroy_distributed()
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    dist.init_process_group(
+        "gloo",
+        store=dist.PrefixStore(f"user-group-{token}", store),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
+    )
+    info = distcompat.init_distributed()
+    total = _all_reduce_sum()
+    distcompat.destroy_distributed()
+    still_there = dist.is_initialized()
+    dist.destroy_process_group()
+    return {
+        "adopted": info.adopted,
+        "backend": info.backend,
+        "device": str(info.device),
+        "timeout": info.timeout,
+        "reason": info.backend_reason,
+        "total": total,
+        "still_there": still_there,
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_existing_group_is_adopted_not_recreated(world_size: int) -> None:
+    for got in run_on_ranks(_adopt, world_size, args=(uuid.uuid4().hex,)):
+        assert got["adopted"]
+        assert (got["backend"], got["device"], got["timeout"]) == ("gloo", "cpu", None)
+        assert "adopted" in got["reason"]
+        assert got["total"] == sum(range(1, world_size + 1))
+        assert got["still_there"]  # destroy_distributed leaves someone else's group alone
+
+
+def _cpu_on_cuda_host() -> tuple[str, str, str, float]:
+    distcompat.destroy_distributed()
+    host = replace(probe_host(), cuda_device_count=2, backends=probe_host().backends | {"nccl"})
+    with override_host(host):
+        info = distcompat.init_distributed(device="cpu")
+    total = _all_reduce_sum()
+    distcompat.destroy_distributed()
+    return str(info.device), str(info.backend), info.reason, total
+
+
+def test_cpu_on_host_that_claims_cuda_uses_gloo() -> None:
+    for device, backend, reason, total in run_on_ranks(_cpu_on_cuda_host, 2):
+        assert (device, backend, total) == ("cpu", "gloo", 3.0)
+        assert "cuda (2) present but unused" in reason
+        assert "backend: gloo: the default for run device cpu" in reason
+
+
+def _bad_local_rank() -> str | None:
+    distcompat.destroy_distributed()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if distcompat.get_local_rank() != 1:
+        return None  # rank 0 could bind cuda:0; the check under test happens before any collective
+    one_gpu = replace(probe_host(), cuda_device_count=1, backends=probe_host().backends | {"nccl"})
+    with override_host(one_gpu), pytest.raises(DeviceBindingError) as info:
+        distcompat.init_distributed(device="cuda")
+    assert not dist.is_initialized()
+    return str(info.value)
+
+
+def test_bad_local_rank_on_one_device_host() -> None:
+    _, message = run_on_ranks(_bad_local_rank, 2)
+    assert message is not None
+    assert "LOCAL_RANK=1 has no cuda device to bind" in message
+    assert "1 cuda device(s)" in message
+    assert "CUDA_VISIBLE_DEVICES=" in message
+
+
+def _session() -> tuple[int, bool]:
+    distcompat.destroy_distributed()
+    with distcompat.distributed_session(device="cpu", timeout=30) as info:
+        assert info.timeout == timedelta(seconds=30)
+        total = int(_all_reduce_sum())
+    return total, dist.is_initialized()
+
+
+def test_context_manager_destroys_what_it_created() -> None:
+    assert run_on_ranks(_session, 2) == [(3, False), (3, False)]
+
+
+def _reinit_after_foreign_destroy() -> float:
+    distcompat.init_distributed(device="cpu", backend="gloo", timeout=120.0)
+    dist.destroy_process_group()  # behind distcompat's back
+    distcompat.init_distributed(device="cpu")
+    return _all_reduce_sum()
+
+
+def test_reinit_after_group_destroyed_elsewhere() -> None:
+    assert run_on_ranks(_reinit_after_foreign_destroy, 2) == [3.0, 3.0]
+
+
+@pytest.fixture
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear launcher variables so this test process is a plain single process."""
+    for name in list(os.environ):
+        if name in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} or name.startswith(
+            ("TORCHELASTIC_", "SLURM_", "OMPI_", "PMI_", "MV2_", "JSM_", "SM_")
+        ):
+            monkeypatch.delenv(name)
+    yield
+    distcompat.destroy_distributed()
+
+
+@pytest.mark.usefixtures("no_launcher")
+def test_single_process_needs_no_group() -> None:
+    info = distcompat.init_distributed(device="cpu")
+    assert not info.has_group
+    assert not dist.is_initialized()
+    assert (info.rank, info.world_size, info.backend, info.launcher) == (0, 1, None, "none")
+    assert "no launcher environment" in info.backend_reason
+    distcompat.barrier()
+    assert (distcompat.get_rank(), distcompat.get_world_size(), distcompat.get_local_rank()) == (
+        0,
+        1,
+        0,
+    )
+    assert distcompat.is_main_process()
+    distcompat.destroy_distributed()
+    distcompat.destroy_distributed()
+
+
+@pytest.mark.usefixtures("no_launcher")
+def test_helpers_before_init_read_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (distcompat.get_rank(), distcompat.get_world_size()) == (0, 1)
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert (distcompat.get_rank(), distcompat.get_world_size(), distcompat.get_local_rank()) == (
+        3,
+        4,
+        1,
+    )
+    assert not distcompat.is_main_process()
+
+
+def test_missing_rendezvous_address_is_named() -> None:
+    env = replace(
+        LaunchEnv.from_environ({}),
+        launcher="openmpi",
+        rank=1,
+        world_size=2,
+        local_world_size=1,
+        node_rank=1,
+        num_nodes=2,
+    )
+    with pytest.raises(DistInitError, match="set MASTER_ADDR and MASTER_PORT"):
+        distcompat.init_distributed(device="cpu", env=env)
+    assert not dist.is_initialized()
