@@ -38,7 +38,9 @@ def _spawned_rank(rank: int, world_size: int, port: int) -> None:
 
 def fresh_spawn(world_size: int) -> None:
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    tmp.spawn(_spawned_rank, args=(world_size, store.port), nprocs=world_size, join=True)
+    tmp.spawn(  # type: ignore[no-untyped-call]
+        _spawned_rank, args=(world_size, store.port), nprocs=world_size, join=True
+    )
 
 
 def timed(fn: object, *args: object) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import uuid
 import warnings
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -63,7 +64,8 @@ def _init_destroy_twice() -> list[float]:
     sums = []
     for _ in range(2):
         info = distcompat.init_distributed(device="cpu", timeout=60)
-        assert info.has_group and not info.adopted
+        assert info.has_group
+        assert not info.adopted
         sums.append(_all_reduce_sum())
         distcompat.barrier()
         distcompat.destroy_distributed()
@@ -192,7 +194,7 @@ def test_reinit_after_group_destroyed_elsewhere() -> None:
 
 
 @pytest.fixture
-def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
+def no_launcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Clear launcher variables so this test process is a plain single process."""
     for name in list(os.environ):
         if name in {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"} or name.startswith(
@@ -249,3 +251,30 @@ def test_missing_rendezvous_address_is_named() -> None:
     with pytest.raises(DistInitError, match="set MASTER_ADDR and MASTER_PORT"):
         distcompat.init_distributed(device="cpu", env=env)
     assert not dist.is_initialized()
+
+
+def _nccl_world_of_one() -> tuple[str, str | None, float]:
+    info = distcompat.init_distributed()
+    value = torch.ones(2, device=info.device)
+    dist.all_reduce(value)
+    return str(info.device), info.backend, value.sum().item()
+
+
+@pytest.mark.cuda
+def test_nccl_group_of_one_binds_cuda() -> None:
+    """One GPU means NCCL world size 1 only (NCCL refuses two ranks on one device)."""
+    assert run_on_ranks(_nccl_world_of_one, 1, backend="nccl") == [("cuda:0", "nccl", 2.0)]
+
+
+def _cuda_tensors_through_gloo() -> tuple[str, str | None, float]:
+    distcompat.destroy_distributed()
+    info = distcompat.init_distributed(device="cuda:0", backend="gloo")
+    value = torch.ones(2, device=info.device)
+    dist.all_reduce(value)
+    distcompat.destroy_distributed()
+    return str(value.device), info.backend, value.sum().item()
+
+
+@pytest.mark.cuda
+def test_cuda_tensors_through_gloo() -> None:
+    assert run_on_ranks(_cuda_tensors_through_gloo, 2) == [("cuda:0", "gloo", 4.0)] * 2

@@ -101,7 +101,7 @@ def test_raising_rank_names_rank_and_traceback() -> None:
 
 def test_raising_rank_with_a_stuck_peer_kills_the_pool() -> None:
     before = [r[2] for r in run_on_ranks(_identity, 2)]
-    with pytest.raises(RankFailedError, match="rank 1 raised builtins.KeyError") as info:
+    with pytest.raises(RankFailedError, match=r"rank 1 raised builtins\.KeyError") as info:
         run_on_ranks(_raise_while_peer_waits, 2, timeout=60)
     assert "rank 0: still running after a peer failed" in str(info.value)
     assert all(_gone(pid) for pid in before)
@@ -123,7 +123,9 @@ def test_hanging_rank_is_named_and_killed() -> None:
 
 
 def test_dying_rank_is_reported() -> None:
-    with pytest.raises(RankFailedError, match=r"rank 1 raised the rank process died \(exit code 3\)"):
+    with pytest.raises(
+        RankFailedError, match=r"rank 1 raised the rank process died \(exit code 3\)"
+    ):
         run_on_ranks(_exit_on, 2, args=(1,), timeout=60)
     assert [r[0] for r in run_on_ranks(_identity, 2)] == [0, 1]
 

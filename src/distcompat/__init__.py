@@ -3,7 +3,8 @@
 The two lines a training script writes::
 
     import distcompat
-    info = distcompat.init_distributed(device="cpu")   # gloo on CPU, nccl on CUDA; info.reason says why
+    info = distcompat.init_distributed(device="cpu")   # gloo on CPU, nccl on CUDA
+    print(info.reason)                                  # why this device, backend, timeout
 
 Importing distcompat configures nothing, writes no environment variable and probes no hardware.
 """

@@ -122,8 +122,9 @@ def resolve_device(
         )
     if device.type == "mps":
         return DeviceChoice(device=torch.device("mps"), reason="mps: requested")
-    if device.index is not None:
-        if device.index >= count:
+    index: int | None = device.index  # torch's stubs say int; it is None for a bare "cuda"
+    if index is not None:
+        if index >= count:
             raise DeviceBindingError(
                 f"device={requested!r} but this host shows {count} {device.type} device(s) "
                 f"({_visible(env)})"
@@ -132,7 +133,9 @@ def resolve_device(
             device=device,
             reason=f"{device}: requested with an explicit index (LOCAL_RANK={local_rank} not used)",
         )
-    return _bind_local_rank(device.type, local_rank=local_rank, count=count, env=env, why="requested")
+    return _bind_local_rank(
+        device.type, local_rank=local_rank, count=count, env=env, why="requested"
+    )
 
 
 def _bind_local_rank(

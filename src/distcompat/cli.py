@@ -32,7 +32,9 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     doctor.add_argument("--device", default="auto", help="run device to plan for (default: auto)")
-    doctor.add_argument("--backend", default=None, help="backend to plan for (default: from device)")
+    doctor.add_argument(
+        "--backend", default=None, help="backend to plan for (default: from device)"
+    )
     doctor.add_argument("--json", action="store_true", help="one JSON object per rank")
     return parser
 

@@ -296,14 +296,13 @@ def _create_group(
     # Each rank counts its own inits in the store; ranks init together, so the counts agree and
     # every generation rendezvouses under keys no earlier group has written.
     generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
-    extra = {"device_id": chosen.device} if "nccl" in picked.backend else {}
     dist.init_process_group(
         backend=picked.backend,
         store=dist.PrefixStore(f"distcompat/generation{generation}", store),
         rank=launch.rank,
         world_size=launch.world_size,
         timeout=waited.timeout,
-        **extra,
+        device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
     )
     return DistInfo(
         rank=launch.rank,
@@ -371,7 +370,7 @@ def _group_active() -> bool:
 
 
 def get_rank() -> int:
-    """Global rank: from the group if one exists, else from the launcher env (0 without one).
+    """Return the global rank: from the group if one exists, else the launcher env (0 if none).
 
     Example:
         >>> get_rank()
@@ -385,7 +384,7 @@ def get_rank() -> int:
 
 
 def get_world_size() -> int:
-    """Number of ranks: from the group if one exists, else from the launcher env (1 without one).
+    """Return the number of ranks: from the group if one exists, else the launcher env (1 if none).
 
     Example:
         >>> get_world_size()
@@ -399,7 +398,7 @@ def get_world_size() -> int:
 
 
 def get_local_rank() -> int:
-    """Rank within this node, from the launcher env (0 without one).
+    """Return the rank within this node, from the launcher env (0 if none).
 
     Example:
         >>> get_local_rank()
@@ -411,7 +410,7 @@ def get_local_rank() -> int:
 
 
 def is_main_process() -> bool:
-    """True on global rank 0 (and in a plain single process).
+    """Return True on global rank 0 (and in a plain single process).
 
     Example:
         >>> is_main_process()
@@ -430,8 +429,10 @@ def barrier() -> None:
     """
     if not _group_active() or dist.get_world_size() == 1:
         return
-    if _current is not None and _current.info.device.type == "cuda" and "nccl" in str(
-        dist.get_backend()
+    if (
+        _current is not None
+        and _current.info.device.type == "cuda"
+        and "nccl" in str(dist.get_backend())
     ):
         dist.barrier(device_ids=[_current.info.device.index or 0])
     else:

@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 
 from distcompat.testing._pool import RankFailedError, RankTimeoutError, get_pool, shutdown_pools
 
-__all__ = ["DEFAULT_TIMEOUT_S", "RankFailedError", "RankTimeoutError", "run_on_ranks", "shutdown_pools"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "RankFailedError",
+    "RankTimeoutError",
+    "run_on_ranks",
+    "shutdown_pools",
+]
 
 T = TypeVar("T")
 

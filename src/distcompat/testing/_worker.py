@@ -63,7 +63,7 @@ def worker_main(
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.environ.update(environ)
-    with open(stack_path, "w") as stacks:  # noqa: PTH123 (faulthandler needs a real file)
+    with open(stack_path, "w") as stacks:
         faulthandler.register(STACK_SIGNAL, file=stacks, all_threads=True)
         _serve(conn, backend, group_timeout_s, parent)
 

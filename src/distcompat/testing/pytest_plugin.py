@@ -20,7 +20,7 @@ __all__ = ["pytest_sessionfinish", "run_on_ranks"]
 
 @pytest.fixture
 def run_on_ranks() -> Callable[..., list[Any]]:
-    """The :func:`distcompat.testing.run_on_ranks` function, with pools shared across tests."""
+    """Provide :func:`distcompat.testing.run_on_ranks`, with warm pools shared across tests."""
     from distcompat.testing import run_on_ranks as runner
 
     return runner
