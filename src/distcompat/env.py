@@ -61,7 +61,6 @@ SAGEMAKER_MASTER_PORT = 7777  # sagemaker-training-toolkit's torch_distributed.M
 SLURM_PORT_BASE = 15000  # Lightning: 15000 + last 4 digits of SLURM_JOB_ID
 LSF_PORT_BASE = 10000  # Lightning: 10000 + LSB_JOBID % 1000
 _SLURM_MAX_NORMAL_STEP_ID = 0xFFFFFFF0  # slurm.h; above it: batch, extern, interactive steps
-_KUBEFLOW_PER_POD = {"auto", "cpu", "gpu", "xpu", "1"}  # PET_NPROC_PER_NODE meaning one process
 _INT = re.compile(r"-?[0-9]+")
 
 ReadText = Callable[[str], "str | None"]
@@ -89,10 +88,11 @@ class LaunchEnvError(ValueError):
 class LaunchEnv:
     """Where this process sits in the job, as its launcher described it.
 
-    ``master_addr`` and ``master_port`` are ``None`` only where nothing tells us (multi-node MPI
-    without ``MASTER_ADDR``). ``agent_store`` is True when torchrun's agent hosts the TCPStore at
-    ``master_addr:master_port`` and every rank must connect to it as a client. ``sources`` maps
-    each field (and ``"launcher"``) to the variable or the reason it came from.
+    ``master_addr`` and ``master_port`` are ``None`` only where nothing tells us (no launcher;
+    multi-node MPI or an ``env://`` launch without ``MASTER_ADDR``). ``agent_store`` is True
+    when torchrun's agent hosts the TCPStore at ``master_addr:master_port`` and every rank must
+    connect to it as a client. ``sources`` maps each field (and ``"launcher"``) to the variable
+    or the reason it came from.
 
     Example:
         >>> env = LaunchEnv.from_environ({})
@@ -170,6 +170,8 @@ class LaunchEnv:
 
 def detect_launcher(environ: Mapping[str, str]) -> Launcher:
     """Return which launcher started this process, without validating its variables.
+
+    Only a malformed marker (``SLURM_STEP_ID`` that is not a number) raises :class:`LaunchEnvError`.
 
     Example:
         >>> detect_launcher({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"})
@@ -402,7 +404,9 @@ def _explicit_master(env: Mapping[str, str], fallback: _Master) -> _Master:
     if "MASTER_ADDR" in env:
         addr, addr_source = env["MASTER_ADDR"], "MASTER_ADDR"
         if not addr:
-            raise LaunchEnvError("MASTER_ADDR='' is empty (it must name a host)", variable=addr)
+            raise LaunchEnvError(
+                "MASTER_ADDR='' is empty (it must name a host)", variable="MASTER_ADDR"
+            )
     given = _int(env, "MASTER_PORT")
     if given is not None:
         port, port_source = _port(given.value, "MASTER_PORT"), "MASTER_PORT"
@@ -446,7 +450,9 @@ def _slurm_step(env: Mapping[str, str]) -> _Step | None:
         return None
     text = env[name]
     if not re.fullmatch(r"[0-9]+", text):
-        raise LaunchEnvError(f"{name}={text!r} is not an integer (Slurm sets a step number)")
+        raise LaunchEnvError(
+            f"{name}={text!r} is not an integer (Slurm sets a step number)", variable=name
+        )
     value = int(text)
     kind = None if value <= _SLURM_MAX_NORMAL_STEP_ID else _SLURM_STEP_KINDS.get(value, "special")
     return _Step(name, text, kind)
@@ -477,8 +483,8 @@ def _detect(env: Mapping[str, str]) -> _Plan:
             if run_id is not None
             else "RANK, GROUP_RANK and LOCAL_WORLD_SIZE set (torchrun's contract)"
         )
-        if step is not None:
-            reason += "; Slurm variables ignored: torchrun runs inside the srun task"
+        if step is not None or _first(env, ("SLURM_JOB_ID", "SLURM_JOBID")) is not None:
+            reason += "; Slurm variables ignored: torchrun started this process"
         return _Plan("torchrun", reason, _parse_torchrun)
     if "RANK" in env or "WORLD_SIZE" in env:
         if "AZUREML_RUN_ID" in env:
@@ -584,7 +590,8 @@ def _need_rank_and_world(env: Mapping[str, str]) -> tuple[_Int, _Int]:
     for have, lack in (("RANK", "WORLD_SIZE"), ("WORLD_SIZE", "RANK")):
         if have in env and lack not in env:
             raise LaunchEnvError(
-                f"{have}={env[have]!r} is set but {lack} is not (the env:// contract needs both)",
+                f"{have}={env[have]!r} is set but {lack} is not set "
+                "(the env:// contract needs both)",
                 variable=lack,
             )
     return _need(env, "RANK", "env://"), _need(env, "WORLD_SIZE", "env://")
@@ -606,7 +613,7 @@ def _parse_env(env: Mapping[str, str], who: str, node_count_var: str | None) -> 
         nodes = _int(env, node_count_var)
     if local_world is not None and local_rank is None:
         raise LaunchEnvError(
-            f"LOCAL_WORLD_SIZE={local_world.value} is set but LOCAL_RANK is not",
+            f"LOCAL_WORLD_SIZE={local_world.value} is set but LOCAL_RANK is not set",
             variable="LOCAL_RANK",
         )
     if local_world is None and nodes is not None:
@@ -810,7 +817,9 @@ def _azure_mpi_master(env: Mapping[str, str], var: str) -> _Master:
     host, _, port = text.rpartition(":")
     if not host or not re.fullmatch(r"[0-9]+", port):
         raise LaunchEnvError(f"{var}={text!r} is not HOST:PORT", variable=var)
-    return _Master(host, f"{var}={text!r}", _port(int(port), var), f"{var}={text!r}")
+    if not 1 <= int(port) <= 65535:
+        raise LaunchEnvError(f"{var}={text!r} has port {int(port)} outside 1..65535", variable=var)
+    return _Master(host, f"{var}={text!r}", int(port), f"{var}={text!r}")
 
 
 def _parse_lsf(env: Mapping[str, str], read: ReadText) -> _Draft:
@@ -895,10 +904,10 @@ def _parse_sagemaker(env: Mapping[str, str], _read: ReadText) -> _Draft:
         have, lack = (
             ("SM_HOSTS", "SM_CURRENT_HOST") if current is None else ("SM_CURRENT_HOST", "SM_HOSTS")
         )
-        raise LaunchEnvError(f"{have}={env[have]!r} is set but {lack} is not", variable=lack)
+        raise LaunchEnvError(f"{have}={env[have]!r} is set but {lack} is not set", variable=lack)
     try:
         hosts = json.loads(text)
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         hosts = None
     if not (isinstance(hosts, list) and hosts and all(isinstance(h, str) and h for h in hosts)):
         raise LaunchEnvError(
