@@ -131,6 +131,18 @@ SAGEMAKER = {
     "SM_TRAINING_ENV": "{}",
 }
 
+# distcompat.testing's rank processes: the generic env contract, and the parent hosts the store.
+HARNESS = {
+    "RANK": "1",
+    "LOCAL_RANK": "1",
+    "WORLD_SIZE": "2",
+    "LOCAL_WORLD_SIZE": "2",
+    "NODE_RANK": "0",
+    "MASTER_ADDR": "127.0.0.1",
+    "MASTER_PORT": "41000",
+    "TORCHELASTIC_USE_AGENT_STORE": "True",
+}
+
 
 def files(contents: Mapping[str, str]) -> env_module.ReadText:
     """A fabricated file system for LSB_DJOB_RANKFILE."""
@@ -553,6 +565,57 @@ def test_environ_none_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     assert LaunchEnv.from_environ().rank == 5
 
 
+# --- the agent store: torch honours TORCHELASTIC_USE_AGENT_STORE whatever the launcher --------
+
+
+def test_generic_env_contract_with_an_agent_store_connects_every_rank() -> None:
+    env = LaunchEnv.from_environ(HARNESS)
+    assert env.launcher == "env"
+    assert (env.master_addr, env.master_port, env.agent_store) == ("127.0.0.1", 41000, True)
+    assert env.sources["agent_store"].startswith("TORCHELASTIC_USE_AGENT_STORE='True'")
+    assert "every rank connects" in env.sources["agent_store"]
+
+
+def test_slurm_with_an_agent_store_connects_every_rank() -> None:
+    env = LaunchEnv.from_environ(SLURM | {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert (env.launcher, env.agent_store) == ("slurm", True)
+    assert "TORCHELASTIC_USE_AGENT_STORE='True'" in env.sources["agent_store"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "launcher"),
+    [
+        (TORCHRUN, "torchrun"),
+        (HARNESS, "env"),
+        (KUBEFLOW, "kubeflow"),
+        (HARNESS | {"AZUREML_RUN_ID": "run-1"}, "azureml"),
+        (SLURM, "slurm"),
+        (OMPI | {"MASTER_ADDR": "10.0.0.1"}, "openmpi"),
+        (LSF, "lsf"),
+        (SAGEMAKER, "sagemaker"),
+    ],
+)
+@pytest.mark.parametrize("value", ["True", "False", None])
+def test_every_launcher_with_a_master_reads_the_agent_store(
+    environ: dict[str, str], launcher: Launcher, value: str | None
+) -> None:
+    environ = without(environ, "TORCHELASTIC_USE_AGENT_STORE")
+    if value is not None:
+        environ["TORCHELASTIC_USE_AGENT_STORE"] = value
+    env = LaunchEnv.from_environ(environ, read_text=files({"/var/lsf/rankfile": RANKFILE}))
+    assert (env.launcher, env.agent_store) == (launcher, value == "True")
+    assert "TORCHELASTIC_USE_AGENT_STORE" in env.sources["agent_store"]
+    if value != "True":
+        assert "rank 0 hosts the TCPStore" in env.sources["agent_store"]
+
+
+def test_no_launcher_has_no_store_to_share_whatever_the_variable_says() -> None:
+    for value in ("True", "true"):
+        env = LaunchEnv.from_environ({"TORCHELASTIC_USE_AGENT_STORE": value})
+        assert (env.launcher, env.agent_store) == ("none", False)
+        assert "single process" in env.sources["agent_store"]
+
+
 # --- detection -------------------------------------------------------------------------------
 
 
@@ -638,6 +701,16 @@ ERRORS: list[tuple[str, dict[str, str], list[str]]] = [
         "agent store spelling",
         TORCHRUN | {"TORCHELASTIC_USE_AGENT_STORE": "true"},
         ["TORCHELASTIC_USE_AGENT_STORE='true'", "'True'"],
+    ),
+    (
+        "agent store spelling under env://",
+        HARNESS | {"TORCHELASTIC_USE_AGENT_STORE": "1"},
+        ["TORCHELASTIC_USE_AGENT_STORE='1'", "neither 'True' nor 'False'"],
+    ),
+    (
+        "agent store spelling under srun",
+        SLURM | {"TORCHELASTIC_USE_AGENT_STORE": "yes"},
+        ["TORCHELASTIC_USE_AGENT_STORE='yes'", "'True'"],
     ),
     (
         "uneven torchrun nodes",
