@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Mapping
+from typing import NamedTuple, TypeVar
 
 from distcompat import _slurm
 from distcompat._env_rules import (
@@ -39,6 +39,8 @@ from distcompat._env_rules import (
 )
 
 __all__ = ["LSF", "VarNames", "parse_lsf", "parse_mpi", "parse_sagemaker", "parse_slurm"]
+
+T = TypeVar("T")
 
 SAGEMAKER_MASTER_PORT = 7777  # sagemaker-training-toolkit's torch_distributed.MASTER_PORT
 SLURM_PORT_BASE = 15000  # Lightning: 15000 + last 4 digits of SLURM_JOB_ID
@@ -80,14 +82,7 @@ def parse_slurm(env: Mapping[str, str], _read: ReadText) -> Draft:
     counts_var = first_set(env, ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
     if counts_var is not None:
         text = env[counts_var]
-        try:
-            counts = _slurm.expand_tasks_per_node(text)
-        except _slurm.SlurmFormatError as err:
-            raise LaunchEnvError(
-                f"{counts_var}={text!r} is not a Slurm tasks-per-node list: {err.problem} at "
-                f"position {err.position}",
-                variable=counts_var,
-            ) from err
+        counts = _expand(counts_var, text, _slurm.expand_tasks_per_node, "tasks-per-node list")
         if node.value >= len(counts):
             raise LaunchEnvError(
                 f"SLURM_NODEID={node.value} is out of range for {counts_var}={text!r}, which "
@@ -118,19 +113,23 @@ def parse_slurm(env: Mapping[str, str], _read: ReadText) -> Draft:
     return Draft(rank, local_rank, world, local_world, node, nodes, master)
 
 
+def _expand(variable: str, text: str, expand: Callable[[str], list[T]], what: str) -> list[T]:
+    """Expand a compressed Slurm string, naming the variable when it is malformed."""
+    try:
+        return expand(text)
+    except _slurm.SlurmFormatError as err:
+        raise LaunchEnvError(
+            f"{variable}={text!r} is not a Slurm {what}: {err.problem} at position {err.position}",
+            variable=variable,
+        ) from err
+
+
 def _slurm_master(env: Mapping[str, str], counts_var: str | None) -> Master:
     addr, addr_source = None, "not set (no SLURM_*NODELIST; set MASTER_ADDR)"
     list_var = first_set(env, ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"))
     if list_var is not None:
         text = env[list_var]
-        try:
-            hosts = _slurm.expand_hostlist(text)
-        except _slurm.SlurmFormatError as err:
-            raise LaunchEnvError(
-                f"{list_var}={text!r} is not a Slurm host list: {err.problem} at position "
-                f"{err.position}",
-                variable=list_var,
-            ) from err
+        hosts = _expand(list_var, text, _slurm.expand_hostlist, "host list")
         counts_text = env.get("SLURM_STEP_TASKS_PER_NODE")
         if list_var == "SLURM_STEP_NODELIST" and counts_var == "SLURM_STEP_TASKS_PER_NODE":
             count = len(_slurm.expand_tasks_per_node(counts_text or ""))
