@@ -110,6 +110,9 @@ class _Request:
     backend: str | None
     timeout: timedelta | None
 
+    def __str__(self) -> str:
+        return f"device={self.device!r}, backend={self.backend!r}, timeout={self.timeout}"
+
 
 @dataclass(slots=True)
 class _Lifecycle:
@@ -161,8 +164,8 @@ def init_distributed(
         else:
             if request != _current.request:
                 warnings.warn(
-                    f"init_distributed() already ran with {_current.request}; ignoring the new "
-                    f"arguments {request} and returning the existing DistInfo",
+                    f"init_distributed() already ran with ({_current.request}); ignoring the new "
+                    f"arguments ({request}) and returning the existing DistInfo",
                     RuntimeWarning,
                     stacklevel=2,
                 )
