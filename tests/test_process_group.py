@@ -142,9 +142,10 @@ def _cpu_on_cuda_host() -> tuple[str, str, str, float]:
     return str(info.device), str(info.backend), info.reason, total
 
 
-def test_cpu_on_host_that_claims_cuda_uses_gloo() -> None:
-    for device, backend, reason, total in run_on_ranks(_cpu_on_cuda_host, 2):
-        assert (device, backend, total) == ("cpu", "gloo", 3.0)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_cpu_on_host_that_claims_cuda_uses_gloo(world_size: int) -> None:
+    for device, backend, reason, total in run_on_ranks(_cpu_on_cuda_host, world_size):
+        assert (device, backend, total) == ("cpu", "gloo", sum(range(1, world_size + 1)))
         assert "cuda (2) present but unused" in reason
         assert "backend: gloo: the default for run device cpu" in reason
 
@@ -153,7 +154,7 @@ def _bad_local_rank() -> str | None:
     distcompat.destroy_distributed()
     if dist.is_initialized():
         dist.destroy_process_group()
-    if distcompat.get_local_rank() != 1:
+    if distcompat.get_local_rank() == 0:
         return None  # rank 0 could bind cuda:0; the check under test happens before any collective
     one_gpu = replace(probe_host(), cuda_device_count=1, backends=probe_host().backends | {"nccl"})
     with override_host(one_gpu), pytest.raises(DeviceBindingError) as info:
@@ -162,12 +163,15 @@ def _bad_local_rank() -> str | None:
     return str(info.value)
 
 
-def test_bad_local_rank_on_one_device_host() -> None:
-    _, message = run_on_ranks(_bad_local_rank, 2)
-    assert message is not None
-    assert "LOCAL_RANK=1 has no cuda device to bind" in message
-    assert "1 cuda device(s)" in message
-    assert "CUDA_VISIBLE_DEVICES=" in message
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_bad_local_rank_on_one_device_host(world_size: int) -> None:
+    first, *others = run_on_ranks(_bad_local_rank, world_size)
+    assert first is None
+    for local_rank, message in enumerate(others, start=1):
+        assert message is not None
+        assert f"LOCAL_RANK={local_rank} has no cuda device to bind" in message
+        assert "1 cuda device(s)" in message
+        assert "CUDA_VISIBLE_DEVICES=" in message
 
 
 def _session() -> tuple[int, bool]:
