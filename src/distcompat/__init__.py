@@ -12,6 +12,33 @@ Importing distcompat configures nothing, writes no environment variable and prob
 from importlib.metadata import PackageNotFoundError, version
 
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
+from distcompat.collectives import (
+    CompatWork,
+    NoPeerError,
+    NotInGroupError,
+    UnsupportedCollectiveError,
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_gather_single,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+    scatter,
+    scatter_object_list,
+    send,
+)
 from distcompat.env import LaunchEnv, LaunchEnvError
 from distcompat.process_group import (
     DistInfo,
@@ -31,20 +58,47 @@ try:
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
 
+# distcompat.barrier is process_group.barrier (device-aware for NCCL); the async form is
+# distcompat.collectives.barrier(async_op=True).
 __all__ = [
     "BackendUnavailableError",
+    "CompatWork",
     "DeviceBindingError",
     "DistInfo",
     "DistInitError",
     "LaunchEnv",
     "LaunchEnvError",
+    "NoPeerError",
+    "NotInGroupError",
+    "UnsupportedCollectiveError",
     "__version__",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
     "barrier",
+    "broadcast",
+    "broadcast_object_list",
     "destroy_distributed",
     "distributed_session",
+    "gather",
+    "gather_object",
     "get_local_rank",
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "irecv",
     "is_main_process",
+    "isend",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
 ]

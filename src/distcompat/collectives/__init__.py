@@ -1,0 +1,84 @@
+"""Backend-neutral collectives: torch.distributed's signatures, correct on every backend.
+
+The two lines a training script writes::
+
+    from distcompat.collectives import reduce_scatter_tensor
+    reduce_scatter_tensor(shard, grads, op=dist.ReduceOp.AVG, async_op=True).get_future()
+
+What every function here guarantees, on gloo as on NCCL:
+
+* with ``async_op=True`` it returns a :class:`CompatWork` whose ``wait()``, ``is_completed()`` and
+  ``get_future()`` work (gloo has no future for reduce_scatter and p2p ops);
+* any memory layout: non-contiguous tensors are staged and copied back (gloo corrupts them);
+* bool reductions mean what they say (gloo's bool SUM wraps at 256); AVG and PREMUL_SUM work
+  where the backend lacks them; complex moves and sums everywhere; dtypes a backend cannot carry
+  move as bytes and reduce through an upcast; anything with no correct emulation raises
+  :class:`UnsupportedCollectiveError` instead of returning garbage;
+* at world size 1, or with no process group, each op is the identity and needs no group.
+
+``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
+``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
+"""
+
+from distcompat.collectives._group import NotInGroupError
+from distcompat.collectives._movement import (
+    all_gather,
+    all_gather_into_tensor,
+    all_to_all,
+    all_to_all_single,
+    broadcast,
+    gather,
+    scatter,
+)
+from distcompat.collectives._p2p import (
+    NoPeerError,
+    all_gather_object,
+    barrier,
+    broadcast_object_list,
+    gather_object,
+    irecv,
+    isend,
+    recv,
+    scatter_object_list,
+    send,
+)
+from distcompat.collectives._reductions import (
+    all_reduce,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+)
+from distcompat.collectives._wire import UnsupportedCollectiveError
+from distcompat.collectives._work import CompatWork
+
+all_gather_single = all_gather_into_tensor
+reduce_scatter_single = reduce_scatter_tensor
+
+__all__ = [
+    "CompatWork",
+    "NoPeerError",
+    "NotInGroupError",
+    "UnsupportedCollectiveError",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+]

@@ -1,0 +1,303 @@
+"""Data movement: broadcast, all_gather(_into_tensor), gather, scatter, all_to_all(_single).
+
+Every tensor is staged contiguous (gloo silently corrupts transposed, strided and channels_last
+scatter / all_to_all_single outputs), complex goes as its real view (gloo's gather refuses
+complex), and dtypes a backend cannot move go as raw bytes. ``all_to_all`` of uneven tensors,
+which gloo refuses, is done as one ``all_to_all_single`` over the concatenation::
+
+    all_to_all(outputs, inputs)          # any sizes, any backend
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._group import group_size, rank_in
+from distcompat.collectives._reductions import issue
+from distcompat.collectives._wire import chain, stage_input, stage_output
+from distcompat.collectives._work import CompatWork
+
+__all__ = [
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "broadcast",
+    "gather",
+    "scatter",
+]
+
+
+def _done(result: Any, async_op: bool) -> CompatWork | None:
+    return CompatWork.completed(result) if async_op else None
+
+
+def _is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
+    if group_rank is not None:
+        return rank_in(group) == group_rank
+    return dist.get_rank() == rank
+
+
+def _root(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
+    return {f"group_{name}": group_rank} if group_rank is not None else {name: rank}
+
+
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> CompatWork | None:
+    """Send ``src``'s ``tensor`` to every rank, in place.
+
+    Example:
+        >>> t = torch.arange(4.0)
+        >>> broadcast(t, src=0)
+        >>> t
+        tensor([0., 1., 2., 3.])
+    """
+    if group_size(group) == 1:
+        return _done([tensor], async_op)
+    wire, copy_back = stage_output(tensor, reduce=False, fill=True)
+    root = _root("src", src, group_src)
+    return issue(
+        lambda a: dist.broadcast(wire, group=group, async_op=a, **root),
+        group,
+        [tensor],
+        copy_back,
+        async_op,
+    )
+
+
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Gather every rank's ``tensor`` into ``tensor_list`` (in rank order) on every rank.
+
+    Example:
+        >>> out = [torch.empty(2)]
+        >>> all_gather(out, torch.ones(2))
+        >>> out
+        [tensor([1., 1.])]
+    """
+    world_size = group_size(group)
+    if len(tensor_list) != world_size:
+        raise ValueError(f"tensor_list has {len(tensor_list)} tensors; the group has {world_size}")
+    if world_size == 1:
+        tensor_list[0].copy_(tensor)
+        return _done(tensor_list, async_op)
+    staged = [stage_output(out, reduce=False) for out in tensor_list]
+    wires = [wire for wire, _ in staged]
+    source = stage_input(tensor, reduce=False)
+    return issue(
+        lambda a: dist.all_gather(wires, source, group=group, async_op=a),
+        group,
+        tensor_list,
+        chain(*(finish for _, finish in staged)),
+        async_op,
+    )
+
+
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Gather every rank's input into ``output_tensor``, concatenated in flattened rank order.
+
+    Both the concatenated shape ``(W * n, ...)`` and the stacked shape ``(W, n, ...)`` work (gloo
+    refuses the stacked one), and so do 0-dim inputs.
+
+    Example:
+        >>> out = torch.empty(1, 3)
+        >>> all_gather_into_tensor(out, torch.ones(3))
+        >>> out
+        tensor([[1., 1., 1.]])
+    """
+    world_size = group_size(group)
+    if output_tensor.numel() != world_size * input_tensor.numel():
+        raise ValueError(
+            f"output_tensor has {output_tensor.numel()} elements; gathering {world_size} inputs "
+            f"of {input_tensor.numel()} needs {world_size * input_tensor.numel()}"
+        )
+    if world_size == 1:
+        output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
+        return _done([output_tensor], async_op)
+    wire, copy_back = stage_output(output_tensor, reduce=False)
+    source = stage_input(input_tensor, reduce=False).reshape(-1)
+    out_flat = wire.view(-1)
+    return issue(
+        lambda a: dist.all_gather_into_tensor(out_flat, source, group=group, async_op=a),
+        group,
+        [output_tensor],
+        copy_back,
+        async_op,
+    )
+
+
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> CompatWork | None:
+    """Gather every rank's ``tensor`` into ``gather_list`` on the destination rank (complex too).
+
+    Example:
+        >>> out = [torch.empty(2, dtype=torch.complex64)]
+        >>> gather(torch.ones(2, dtype=torch.complex64), out, dst=0)
+        >>> out[0]
+        tensor([1.+0.j, 1.+0.j])
+    """
+    world_size = group_size(group)
+    if world_size == 1:
+        if gather_list is not None:
+            gather_list[0].copy_(tensor)
+        return _done(gather_list, async_op)
+    source = stage_input(tensor, reduce=False)
+    root = _root("dst", dst, group_dst)
+    if _is_root(group, dst, group_dst):
+        if gather_list is None or len(gather_list) != world_size:
+            raise ValueError(f"the destination needs a gather_list of {world_size} tensors")
+        staged = [stage_output(out, reduce=False) for out in gather_list]
+        wires: list[torch.Tensor] | None = [wire for wire, _ in staged]
+        finish = chain(*(step for _, step in staged))
+    else:
+        wires, finish = None, None
+    return issue(
+        lambda a: dist.gather(source, wires, group=group, async_op=a, **root),
+        group,
+        gather_list,
+        finish,
+        async_op,
+    )
+
+
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_src: int | None = None,
+) -> CompatWork | None:
+    """Send ``scatter_list[r]`` from the source rank into ``tensor`` on rank r.
+
+    Example:
+        >>> t = torch.empty(2)
+        >>> scatter(t, [torch.tensor([5.0, 6.0])], src=0)
+        >>> t
+        tensor([5., 6.])
+    """
+    world_size = group_size(group)
+    if world_size == 1:
+        if scatter_list is not None:
+            tensor.copy_(scatter_list[0])
+        return _done([tensor], async_op)
+    wire, copy_back = stage_output(tensor, reduce=False)
+    root = _root("src", src, group_src)
+    sources: list[torch.Tensor] | None = None
+    if _is_root(group, src, group_src):
+        if scatter_list is None or len(scatter_list) != world_size:
+            raise ValueError(f"the source needs a scatter_list of {world_size} tensors")
+        sources = [stage_input(item, reduce=False) for item in scatter_list]
+    return issue(
+        lambda a: dist.scatter(wire, sources, group=group, async_op=a, **root),
+        group,
+        [tensor],
+        copy_back,
+        async_op,
+    )
+
+
+def all_to_all_single(
+    output: torch.Tensor,
+    input: torch.Tensor,  # torch's name for it
+    output_split_sizes: list[int] | None = None,
+    input_split_sizes: list[int] | None = None,
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Split ``input`` along dim 0 (evenly, or by ``input_split_sizes``) and exchange the pieces.
+
+    Example:
+        >>> out = torch.empty(3)
+        >>> all_to_all_single(out, torch.tensor([1.0, 2.0, 3.0]))
+        >>> out
+        tensor([1., 2., 3.])
+    """
+    if group_size(group) == 1:
+        output.copy_(input)
+        return _done([output], async_op)
+    wire, copy_back = stage_output(output, reduce=False)
+    source = stage_input(input, reduce=False)
+    return issue(
+        lambda a: dist.all_to_all_single(
+            wire, source, output_split_sizes, input_split_sizes, group=group, async_op=a
+        ),
+        group,
+        [output],
+        copy_back,
+        async_op,
+    )
+
+
+def all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Send ``input_tensor_list[r]`` to rank r and receive rank r's into ``output_tensor_list[r]``.
+
+    Sizes may differ per rank (gloo refuses that natively).
+
+    Example:
+        >>> out = [torch.empty(2)]
+        >>> all_to_all(out, [torch.tensor([7.0, 8.0])])
+        >>> out
+        [tensor([7., 8.])]
+    """
+    world_size = group_size(group)
+    for name, items in (("output", output_tensor_list), ("input", input_tensor_list)):
+        if len(items) != world_size:
+            raise ValueError(f"{name}_tensor_list has {len(items)} tensors; group has {world_size}")
+    if world_size == 1:
+        output_tensor_list[0].copy_(input_tensor_list[0])
+        return _done(output_tensor_list, async_op)
+    sources = [stage_input(item, reduce=False).reshape(-1) for item in input_tensor_list]
+    flat_in = torch.cat(sources)
+    staged = [stage_output(out, reduce=False) for out in output_tensor_list]
+    out_flats = [wire.view(-1) for wire, _ in staged]
+    flat_out = torch.empty(
+        sum(w.numel() for w in out_flats), dtype=flat_in.dtype, device=flat_in.device
+    )
+    in_splits = [piece.numel() for piece in sources]
+    out_splits = [piece.numel() for piece in out_flats]
+
+    def unpack() -> None:
+        for piece, target in zip(torch.split(flat_out, out_splits), out_flats, strict=True):
+            target.copy_(piece)
+        for _, finish in staged:
+            finish()
+
+    return issue(
+        lambda a: dist.all_to_all_single(
+            flat_out, flat_in, out_splits, in_splits, group=group, async_op=a
+        ),
+        group,
+        output_tensor_list,
+        unpack,
+        async_op,
+    )

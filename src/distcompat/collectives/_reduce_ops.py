@@ -1,0 +1,145 @@
+"""Which ReduceOp the backend is asked for, and the named shim around it when it lacks the real one.
+
+Measured on gloo 2.13 (backend_matrix.md): bool SUM adds bytes and wraps at 256 (a True flag
+all-reduced 8 times on 2 ranks becomes False); PREMUL_SUM raises; AVG works for floats only;
+NCCL has no bitwise ops. :func:`plan_reduction` turns the caller's op into one the backend does
+correctly plus local steps, each with a name a user can print::
+
+    plan = plan_reduction(dist.ReduceOp.AVG, torch.float32, world_size=2, backend="gloo")
+    plan.shim   # 'avg-as-sum-then-divide'
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._wire import UnsupportedCollectiveError, upcast_dtype
+
+__all__ = ["ReducePlan", "local_reduce", "plan_reduction"]
+
+R = dist.ReduceOp
+_BITWISE = (R.BAND, R.BOR, R.BXOR)
+#: bool reductions by their logical meaning, on canonical 0/1 bytes.
+_BOOL_AS: dict[Any, Any] = {
+    R.SUM: R.MAX,  # logical or, as NCCL remaps it
+    R.MAX: R.MAX,
+    R.BOR: R.MAX,
+    R.PRODUCT: R.MIN,  # logical and
+    R.MIN: R.MIN,
+    R.BAND: R.MIN,
+    R.BXOR: R.SUM,  # parity survives gloo's mod-256 byte add
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ReducePlan:
+    """The op sent to the backend and the local steps around it; ``shim`` names them ('' = none)."""
+
+    op: Any
+    factor: Any = None  # PREMUL_SUM: multiply a temporary input by this first
+    divide_by: int | None = None  # AVG emulation: divide the result by the world size
+    parity: bool = False  # bool BXOR: keep the low bit of the byte sum
+    shim: str = ""
+
+    def scaled(self, wire: torch.Tensor) -> torch.Tensor:
+        """Return the input to send: a premultiplied *copy* for PREMUL_SUM, else ``wire``."""
+        return wire * self.factor if self.factor is not None else wire
+
+    def scale_in_place(self, wire: torch.Tensor) -> None:
+        """Premultiply an in-place op's buffer (it is overwritten with the result anyway)."""
+        if self.factor is not None:
+            wire.mul_(self.factor)
+
+    def finish(self, wire: torch.Tensor) -> None:
+        """Apply the steps that follow the backend's op to the wire result, in place."""
+        if self.divide_by is not None:
+            wire.div_(self.divide_by)
+        if self.parity:
+            wire.bitwise_and_(1)
+
+
+def _kind(op: Any) -> tuple[Any, Any]:
+    """Split an op into (RedOpType, PREMUL_SUM factor or None)."""
+    kind = getattr(op, "op", op)  # ReduceOp.PREMUL_SUM(factor) carries .op and .factor
+    return kind, getattr(op, "factor", None)
+
+
+def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str) -> ReducePlan:
+    """Plan a reduction of ``dtype`` with ``op`` on ``backend``.
+
+    Example:
+        >>> plan_reduction(dist.ReduceOp.SUM, torch.bool, world_size=2, backend="gloo").shim
+        'bool-sum-as-max'
+    """
+    kind, factor = _kind(op)
+    name = str(kind).rsplit(".", 1)[-1].lower()
+    if dtype == torch.bool:
+        if kind not in _BOOL_AS:
+            raise UnsupportedCollectiveError(f"ReduceOp.{name.upper()} is undefined for bool")
+        target = _BOOL_AS[kind]
+        as_name = str(target).rsplit(".", 1)[-1].lower()
+        shim = "bool-bxor-as-sum-parity" if kind == R.BXOR else f"bool-{name}-as-{as_name}"
+        return ReducePlan(target, parity=kind == R.BXOR, shim=shim)
+    compute = upcast_dtype(dtype) or dtype
+    floating = compute.is_floating_point or compute.is_complex
+    if compute.is_complex and kind not in (R.SUM, R.AVG, R.PREMUL_SUM):
+        raise UnsupportedCollectiveError(
+            f"ReduceOp.{name.upper()} is undefined for complex {dtype}: use SUM, AVG or PREMUL_SUM"
+        )
+    if kind in _BITWISE:
+        if floating:
+            raise UnsupportedCollectiveError(
+                f"ReduceOp.{name.upper()} needs an integer or bool dtype, not {dtype}"
+            )
+        if backend == "nccl":
+            raise UnsupportedCollectiveError(
+                f"NCCL has no ReduceOp.{name.upper()}; distcompat does not emulate it yet "
+                "(all_gather the values and reduce them locally)"
+            )
+    if kind == R.AVG:
+        if not floating:
+            raise UnsupportedCollectiveError(
+                f"ReduceOp.AVG of integer {dtype} would need a rounding rule; all_reduce with "
+                "SUM and divide the way you want"
+            )
+        if backend == "nccl" and compute == dtype:
+            return ReducePlan(R.AVG)
+        return ReducePlan(R.SUM, divide_by=world_size, shim="avg-as-sum-then-divide")
+    if kind == R.PREMUL_SUM:
+        if not floating:
+            raise UnsupportedCollectiveError(
+                f"ReduceOp.PREMUL_SUM needs a floating dtype, not {dtype}"
+            )
+        if backend == "nccl" and compute == dtype and not compute.is_complex:
+            return ReducePlan(op)
+        return ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
+    shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
+    return ReducePlan(kind, shim=shim)
+
+
+def local_reduce(stacked: torch.Tensor, op: Any) -> torch.Tensor:
+    """Reduce ``stacked`` (world_size, n) over its first dimension with a backend op.
+
+    Used where a reduce-scatter is done as an all-to-all plus a local reduction.
+
+    Example:
+        >>> local_reduce(torch.tensor([[1, 5], [3, 2]]), dist.ReduceOp.MAX)
+        tensor([3, 5])
+    """
+    if op == R.SUM:
+        return stacked.sum(0)
+    if op == R.MAX:
+        return stacked.amax(0)
+    if op == R.MIN:
+        return stacked.amin(0)
+    if op == R.PRODUCT:
+        return stacked.prod(0)
+    bitwise = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
+    if op in bitwise:
+        return functools.reduce(bitwise[op], stacked.unbind(0))
+    raise UnsupportedCollectiveError(f"no local reduction for {op}")

@@ -1,0 +1,238 @@
+"""Reductions: all_reduce, reduce, reduce_scatter, reduce_scatter_tensor, with torch's signatures.
+
+Each stages its tensors (``_wire``), plans the ReduceOp (``_reduce_ops``), issues ONE backend
+collective, and finishes (divide, parity, copy back) when that op completes, synchronously or in
+the returned :class:`CompatWork`'s future::
+
+    work = reduce_scatter_tensor(shard, flat_grads, op=dist.ReduceOp.AVG, async_op=True)
+    work.get_future().then(step_optimizer_shard)       # works on gloo too
+
+reduce-scatter on backends other than NCCL is done as ``all_to_all_single`` plus a local
+reduction: the same bytes on the wire as a true reduce-scatter, measured faster than gloo's own
+on 1 MB and 64 MB, a native future on gloo (whose reduce_scatter has none), and no SIGSEGV on a
+0-dim output. Floats then agree with other backends to rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._group import backend_for, group_size, rank_in
+from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_reduction
+from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
+from distcompat.collectives._work import CompatWork
+
+__all__ = ["all_reduce", "issue", "reduce", "reduce_scatter", "reduce_scatter_tensor"]
+
+R = dist.ReduceOp
+
+
+def issue(
+    call: Callable[[bool], Any], group: Any, result: Any, finish: Finish | None, async_op: bool
+) -> CompatWork | None:
+    """Run ``call(async_op)``; finish now (sync) or when the op completes (async)."""
+    if not async_op:
+        call(False)
+        if finish is not None:
+            finish()
+        return None
+    return CompatWork.from_work(call(True), group, result, finish)
+
+
+def _done(result: Any, async_op: bool) -> CompatWork | None:
+    return CompatWork.completed(result) if async_op else None
+
+
+def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReducePlan:
+    backend = backend_for(group, tensor.device) if world_size > 1 else "none"
+    return plan_reduction(op, tensor.dtype, world_size=world_size, backend=backend)
+
+
+def _after(plan: ReducePlan, wire: torch.Tensor) -> Finish | None:
+    if plan.divide_by is None and not plan.parity:
+        return None
+    return lambda: plan.finish(wire)
+
+
+def all_reduce(
+    tensor: torch.Tensor, op: Any = R.SUM, group: Any = None, async_op: bool = False
+) -> CompatWork | None:
+    """Reduce ``tensor`` across ranks in place; correct for every layout, dtype and ReduceOp.
+
+    Example:
+        >>> t = torch.tensor([True])
+        >>> all_reduce(t)   # no group: the identity
+        >>> t
+        tensor([True])
+    """
+    world_size = group_size(group)
+    plan = _plan(op, tensor, group, world_size)
+    if world_size == 1:
+        if plan.factor is not None:
+            tensor.mul_(plan.factor)
+        return _done([tensor], async_op)
+    wire, copy_back = stage_output(tensor, reduce=True, fill=True)
+    plan.scale_in_place(wire)
+    finish = chain(_after(plan, wire), copy_back)
+    return issue(
+        lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a),
+        group,
+        [tensor],
+        finish,
+        async_op,
+    )
+
+
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = None,
+    op: Any = R.SUM,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> CompatWork | None:
+    """Reduce onto ``dst`` (a global rank; or ``group_dst`` in the group); other ranks keep theirs.
+
+    torch leaves partial sums in the non-destination tensors on gloo; distcompat leaves the
+    caller's tensor untouched there.
+
+    Example:
+        >>> t = torch.ones(3)
+        >>> reduce(t, dst=0)
+        >>> t
+        tensor([1., 1., 1.])
+    """
+    world_size = group_size(group)
+    plan = _plan(op, tensor, group, world_size)
+    if world_size == 1:
+        if plan.factor is not None:
+            tensor.mul_(plan.factor)
+        return _done([tensor], async_op)
+    is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
+    target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
+    if is_dst:
+        wire, copy_back = stage_output(tensor, reduce=True, fill=True)
+        plan.scale_in_place(wire)
+        finish = chain(_after(plan, wire), copy_back)
+    else:
+        wire = plan.scaled(stage_input(tensor, reduce=True))
+        if wire.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            wire = wire.clone()  # the backend scribbles on non-destination buffers
+        finish = None
+    return issue(
+        lambda a: dist.reduce(wire, op=plan.op, group=group, async_op=a, **target),
+        group,
+        [tensor],
+        finish,
+        async_op,
+    )
+
+
+def _check_sizes(output: torch.Tensor, numel: int, world_size: int, what: str) -> None:
+    if numel != world_size * output.numel():
+        raise ValueError(
+            f"{what} has {numel} elements; a reduce-scatter over {world_size} ranks into an "
+            f"output of {output.numel()} elements needs {world_size * output.numel()}"
+        )
+
+
+def _reduce_scatter_flat(
+    output: torch.Tensor,
+    flat_input: torch.Tensor,
+    plan: ReducePlan,
+    group: Any,
+    world_size: int,
+    async_op: bool,
+) -> CompatWork | None:
+    """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
+    wire, copy_back = stage_output(output, reduce=True)
+    out_flat = wire.view(-1)
+    if backend_for(group, output.device) == "nccl":
+        finish = chain(_after(plan, wire), copy_back)
+        return issue(
+            lambda a: dist.reduce_scatter_tensor(
+                out_flat, flat_input, op=plan.op, group=group, async_op=a
+            ),
+            group,
+            [output],
+            finish,
+            async_op,
+        )
+    received = torch.empty_like(flat_input)  # row r: rank r's chunk for this rank
+
+    def combine() -> None:
+        out_flat.copy_(local_reduce(received.view(world_size, -1), plan.op))
+        plan.finish(wire)
+        copy_back()
+
+    return issue(
+        lambda a: dist.all_to_all_single(received, flat_input, group=group, async_op=a),
+        group,
+        [output],
+        combine,
+        async_op,
+    )
+
+
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,  # torch's name for it
+    op: Any = R.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Reduce ``input`` (world_size chunks along its flattened order) and keep this rank's chunk.
+
+    Works on every backend with a real future, for every layout, 0-dim outputs included.
+
+    Example:
+        >>> out = torch.empty(2)
+        >>> reduce_scatter_tensor(out, torch.tensor([1.0, 2.0]), op=dist.ReduceOp.AVG)
+        >>> out
+        tensor([1., 2.])
+    """
+    world_size = group_size(group)
+    _check_sizes(output, input.numel(), world_size, "input")
+    plan = _plan(op, input, group, world_size)
+    if world_size == 1:
+        output.copy_(input.reshape(output.shape))
+        if plan.factor is not None:
+            output.mul_(plan.factor)
+        return _done([output], async_op)
+    flat = plan.scaled(stage_input(input, reduce=True)).reshape(-1)
+    return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
+
+
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: Sequence[torch.Tensor],
+    op: Any = R.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> CompatWork | None:
+    """Reduce ``input_list[r]`` across ranks into ``output`` on rank r.
+
+    Example:
+        >>> out = torch.empty(2)
+        >>> reduce_scatter(out, [torch.tensor([3.0, 4.0])])
+        >>> out
+        tensor([3., 4.])
+    """
+    world_size = group_size(group)
+    if len(input_list) != world_size:
+        raise ValueError(f"input_list has {len(input_list)} tensors; the group has {world_size}")
+    for index, item in enumerate(input_list):
+        _check_sizes(output, item.numel() * world_size, world_size, f"input_list[{index}]")
+    plan = _plan(op, output, group, world_size)
+    if world_size == 1:
+        output.copy_(input_list[0].reshape(output.shape))
+        if plan.factor is not None:
+            output.mul_(plan.factor)
+        return _done([output], async_op)
+    flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
+    plan.scale_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
+    return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)

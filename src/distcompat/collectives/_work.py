@@ -1,0 +1,194 @@
+"""``CompatWork``: an async handle whose wait, is_completed and get_future work everywhere.
+
+torch's ``Work`` objects differ by backend and op. On gloo, ``get_future()`` raises for
+``reduce_scatter*`` and every point-to-point op, ``is_completed()`` never turns True before
+``wait()``, and a second ``wait()`` on an any-source ``irecv`` blocks until the timeout. This handle
+hides that::
+
+    work = distcompat.all_reduce(t, async_op=True)
+    work.get_future().then(lambda f: f.value()[0] * 2)   # a real torch.futures.Future
+
+How a handle completes (``CompatWork.strategy`` names it):
+
+* ``"native"``: the backend's own future; distcompat's post-processing (copy back a staged
+  non-contiguous output, divide for AVG, ...) runs as a ``then`` callback, so it overlaps compute.
+* ``"worker"``: the backend has no future for this op. One long-lived thread per process group
+  calls ``work.wait()`` for each such op in issue order and completes the future, so communication
+  still overlaps compute; the cost is a queue hand-off per op, not a thread per op.
+* ``"done"``: nothing was sent (world size 1, or a local identity): completed at once.
+
+Errors of the op always reach the future (and ``wait()``); post-processing never runs on a
+failed op. ``wait()`` may be called any number of times: the backend's ``wait()`` runs once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["CompatFuture", "CompatWork", "Strategy"]
+
+Strategy = Literal["native", "worker", "done"]
+Finish = Callable[[], Any]
+_Item = tuple[Any, "torch.futures.Future[Any]", Any, "Finish | None"]
+
+
+class CompatFuture(torch.futures.Future[Any]):
+    """A ``torch.futures.Future`` whose ``then`` callbacks cannot swallow the op's error.
+
+    torch runs a ``then`` callback even when the op failed; a callback that never calls
+    ``f.value()`` turns the failure into success (measured: a failed gather "succeeded" with
+    garbage). Here the error is raised into the derived future before the callback runs.
+    """
+
+    def then(self, callback: Callable[[Any], Any]) -> torch.futures.Future[Any]:
+        """Chain ``callback``; it runs only if this future succeeded."""
+
+        def checked(done: torch.futures.Future[Any]) -> Any:
+            done.wait()  # re-raise the op's error into the derived future
+            return callback(done)
+
+        return super().then(checked)
+
+
+class CompatWork:
+    """The handle distcompat's async collectives return, the same on every backend.
+
+    ``wait()`` blocks until the op and its post-processing are done and returns True;
+    ``is_completed()`` never blocks; ``get_future()`` returns a ``torch.futures.Future`` whose value
+    is the op's result (the output tensors, or the list of them), failing with the op's error.
+
+    Example:
+        >>> import torch
+        >>> from distcompat.collectives import all_reduce
+        >>> work = all_reduce(torch.ones(2), async_op=True)   # no group: completes at once
+        >>> work.wait(), work.is_completed(), work.get_future().value()
+        (True, True, [tensor([1., 1.])])
+    """
+
+    __slots__ = ("_done", "_future", "_lock", "_work", "strategy")
+
+    def __init__(self, future: torch.futures.Future[Any], strategy: Strategy, work: Any) -> None:
+        self._future = future
+        self._work = work  # kept alive until completion; never waited on from here twice
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self.strategy: Strategy = strategy
+        future.add_done_callback(lambda _: self._done.set())
+
+    @classmethod
+    def completed(cls, value: Any) -> CompatWork:
+        """Return a handle that is already done with ``value`` (nothing was sent)."""
+        future: torch.futures.Future[Any] = CompatFuture()
+        future.set_result(value)
+        return cls(future, "done", None)
+
+    @classmethod
+    def from_work(cls, work: Any, group: Any, result: Any, finish: Finish | None) -> CompatWork:
+        """Wrap a backend ``Work``: use its future if it has one, else the group's worker."""
+        future: torch.futures.Future[Any] = CompatFuture()
+        try:
+            native = work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented" (gloo reduce_scatter*, p2p)
+            _worker_for(group).submit(work, future, result, finish)
+            return cls(future, "worker", work)
+
+        def complete(done: torch.futures.Future[Any]) -> None:
+            try:
+                done.wait()  # raises the op's error; a callback that skips this loses it
+                if finish is not None:
+                    finish()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        native.add_done_callback(complete)
+        return cls(future, "native", work)
+
+    def wait(self, timeout: timedelta | float | None = None) -> bool:
+        """Block until done (and post-processed); raise the op's error. Safe to call repeatedly.
+
+        With ``timeout`` (seconds or a timedelta), raise ``TimeoutError`` if the op is not done by
+        then; the op keeps running and the group stays usable.
+        """
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if not self._done.wait(seconds):
+            raise TimeoutError(
+                f"collective not complete after {seconds}s (strategy {self.strategy!r}); it keeps "
+                "running and a later wait() can still collect it"
+            )
+        self._future.wait()  # re-raises the op's error
+        return True
+
+    def is_completed(self) -> bool:
+        """Return True once the op and its post-processing are done (successfully or not)."""
+        return self._done.is_set()
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """Return this op's ``torch.futures.Future`` (works with ``then`` and ``collect_all``)."""
+        return self._future
+
+    def exception(self) -> BaseException | None:
+        """Return the op's error once it is done, else None."""
+        if not self._done.is_set():
+            return None
+        try:
+            self._future.wait()
+        except BaseException as exc:
+            return exc
+        return None
+
+
+class _GroupWorker:
+    """One daemon thread that completes a group's future-less Works, in issue order."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="distcompat-work", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, work: Any, future: torch.futures.Future[Any], result: Any, finish: Finish | None
+    ) -> None:
+        self._queue.put((work, future, result, finish))
+
+    def stop(self) -> None:
+        """Let the thread end after the Works already queued (its group is gone)."""
+        self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            work, future, result, finish = item
+            try:
+                work.wait()
+                if finish is not None:
+                    finish()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+
+_workers: weakref.WeakKeyDictionary[Any, _GroupWorker] = weakref.WeakKeyDictionary()
+_workers_lock = threading.Lock()
+
+
+def _worker_for(group: Any) -> _GroupWorker:
+    key = group if group is not None else dist.group.WORLD
+    with _workers_lock:
+        worker = _workers.get(key)
+        if worker is None:
+            worker = _workers[key] = _GroupWorker()
+            weakref.finalize(key, worker.stop)  # the group was destroyed: end its thread
+        return worker

@@ -1,0 +1,118 @@
+"""A drop-in for ``torch.distributed`` whose collectives work the same on every backend.
+
+Change one import and keep the code::
+
+    import distcompat.distributed as dist        # was: import torch.distributed as dist
+    dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG, async_op=True).get_future()
+
+Everything ``torch.distributed`` offers is here (``ReduceOp``, ``init_process_group``,
+``new_group``, ``get_rank``, ...); the collectives are replaced by :mod:`distcompat.collectives`,
+which return :class:`~distcompat.collectives.CompatWork` handles. Names this module does not
+define are looked up in ``torch.distributed`` on access.
+"""
+
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as _torch_dist
+from torch.distributed import (
+    Backend,
+    P2POp,
+    ProcessGroup,
+    ReduceOp,
+    Work,
+    destroy_process_group,
+    get_backend,
+    get_rank,
+    get_world_size,
+    group,
+    init_process_group,
+    is_available,
+    is_initialized,
+    monitored_barrier,
+    new_group,
+)
+
+if not TYPE_CHECKING:  # at run time, everything else torch.distributed has (overrides follow)
+    import warnings as _warnings
+
+    with _warnings.catch_warnings():
+        # The star import touches names torch 2.13 deprecates (reduce_scatter_tensor, ...);
+        # distcompat replaces those below, so the user should not see torch's FutureWarning.
+        _warnings.simplefilter("ignore", FutureWarning)
+        from torch.distributed import *  # noqa: F403
+    # torch's deprecated alias warns whenever it is touched (even by introspection); leave it to
+    # __getattr__, so using it still gets torch's warning.
+    globals().pop("reduce_op", None)
+
+from distcompat.collectives import (
+    CompatWork,
+    all_gather,
+    all_gather_into_tensor,
+    all_gather_object,
+    all_gather_single,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    irecv,
+    isend,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_single,
+    reduce_scatter_tensor,
+    scatter,
+    scatter_object_list,
+    send,
+)
+
+# The rest of torch.distributed is re-exported by the star import above.
+__all__ = [
+    "Backend",
+    "CompatWork",
+    "P2POp",
+    "ProcessGroup",
+    "ReduceOp",
+    "Work",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "destroy_process_group",
+    "gather",
+    "gather_object",
+    "get_backend",
+    "get_rank",
+    "get_world_size",
+    "group",
+    "init_process_group",
+    "irecv",
+    "is_available",
+    "is_initialized",
+    "isend",
+    "monitored_barrier",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "scatter",
+    "scatter_object_list",
+    "send",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Fall back to ``torch.distributed`` for names not defined here (private ones included)."""
+    return getattr(_torch_dist, name)
