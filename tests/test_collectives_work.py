@@ -144,3 +144,61 @@ def test_bounded_wait_raises_and_keeps_group_usable() -> None:
     message, _ = run_on_ranks(_wait_with_timeout, 2)
     assert "not complete after 0.2s" in message
     assert run_on_ranks(_wait_with_timeout, 2)[1] == ""  # the group still works
+
+
+def _survivor_sees(fault: str, record: str) -> None:
+    """Rank 1 is SIGKILLed or SIGSTOPped mid all_reduce; rank 0 writes what it saw to ``record``."""
+    import json
+    import os
+    import signal
+    import time
+
+    from distcompat.collectives import CollectiveTimeoutError, PeerLostError
+
+    rank = dist.get_rank()
+    group = dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=2))
+    dist.barrier(group=group)
+    if rank == 1:
+        time.sleep(0.3)  # let rank 0 enter the collective first
+        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        time.sleep(60)
+    started = time.monotonic()
+    try:
+        for _ in range(1000):
+            dist.all_reduce(torch.ones(1 << 16), group=group)
+        seen: dict[str, Any] = {"error": "none"}
+    except (PeerLostError, CollectiveTimeoutError) as exc:
+        seen = {
+            "error": type(exc).__name__,
+            "bases": [base.__name__ for base in type(exc).__mro__],
+            "peer": exc.peer,
+            "message": str(exc),
+        }
+    seen["after_s"] = time.monotonic() - started
+    with open(record, "w") as out:
+        json.dump(seen, out)
+
+
+@pytest.mark.parametrize(
+    ("fault", "error", "base", "within_s"),
+    [
+        ("kill", "PeerLostError", "ConnectionError", 2.0),
+        ("stop", "CollectiveTimeoutError", "TimeoutError", 2.0 + 3.0),  # the group timeout + slack
+    ],
+)
+def test_lost_and_stuck_peers_raise_typed_errors(
+    fault: str, error: str, base: str, within_s: float, tmp_path: Any
+) -> None:
+    import json
+
+    from distcompat.testing import RankFailedError, RankTimeoutError
+
+    record = tmp_path / "seen.json"
+    with pytest.raises((RankFailedError, RankTimeoutError)):  # rank 1 died or hung, by design
+        run_on_ranks(_survivor_sees, 2, args=(fault, str(record)), timeout=15)
+    seen = json.loads(record.read_text())
+    assert seen["error"] == error
+    assert base in seen["bases"]
+    assert seen["peer"] == 1
+    assert "(rank 1)" in seen["message"]
+    assert seen["after_s"] < within_s

@@ -13,9 +13,12 @@ from importlib.metadata import PackageNotFoundError, version
 
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
 from distcompat.collectives import (
+    CollectiveError,
+    CollectiveTimeoutError,
     CompatWork,
     NoPeerError,
     NotInGroupError,
+    PeerLostError,
     UnsupportedCollectiveError,
     all_gather,
     all_gather_into_tensor,
@@ -62,6 +65,8 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 # distcompat.collectives.barrier(async_op=True).
 __all__ = [
     "BackendUnavailableError",
+    "CollectiveError",
+    "CollectiveTimeoutError",
     "CompatWork",
     "DeviceBindingError",
     "DistInfo",
@@ -70,6 +75,7 @@ __all__ = [
     "LaunchEnvError",
     "NoPeerError",
     "NotInGroupError",
+    "PeerLostError",
     "UnsupportedCollectiveError",
     "__version__",
     "all_gather",

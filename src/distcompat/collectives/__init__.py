@@ -20,6 +20,7 @@ What every function here guarantees, on gloo as on NCCL:
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
 
+from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._group import NotInGroupError
 from distcompat.collectives._movement import (
     all_gather,
@@ -55,9 +56,12 @@ all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor
 
 __all__ = [
+    "CollectiveError",
+    "CollectiveTimeoutError",
     "CompatWork",
     "NoPeerError",
     "NotInGroupError",
+    "PeerLostError",
     "UnsupportedCollectiveError",
     "all_gather",
     "all_gather_into_tensor",

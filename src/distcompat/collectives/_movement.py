@@ -66,6 +66,7 @@ def broadcast(
     wire, copy_back = stage_output(tensor, reduce=False, fill=True)
     root = _root("src", src, group_src)
     return issue(
+        "broadcast",
         lambda a: dist.broadcast(wire, group=group, async_op=a, **root),
         group,
         [tensor],
@@ -98,6 +99,7 @@ def all_gather(
     wires = [wire for wire, _ in staged]
     source = stage_input(tensor, reduce=False)
     return issue(
+        "all_gather",
         lambda a: dist.all_gather(wires, source, group=group, async_op=a),
         group,
         tensor_list,
@@ -136,6 +138,7 @@ def all_gather_into_tensor(
     source = stage_input(input_tensor, reduce=False).reshape(-1)
     out_flat = wire.view(-1)
     return issue(
+        "all_gather_into_tensor",
         lambda a: dist.all_gather_into_tensor(out_flat, source, group=group, async_op=a),
         group,
         [output_tensor],
@@ -176,6 +179,7 @@ def gather(
     else:
         wires, finish = None, None
     return issue(
+        "gather",
         lambda a: dist.gather(source, wires, group=group, async_op=a, **root),
         group,
         gather_list,
@@ -213,6 +217,7 @@ def scatter(
             raise ValueError(f"the source needs a scatter_list of {world_size} tensors")
         sources = [stage_input(item, reduce=False) for item in scatter_list]
     return issue(
+        "scatter",
         lambda a: dist.scatter(wire, sources, group=group, async_op=a, **root),
         group,
         [tensor],
@@ -243,6 +248,7 @@ def all_to_all_single(
     wire, copy_back = stage_output(output, reduce=False)
     source = stage_input(input, reduce=False)
     return issue(
+        "all_to_all_single",
         lambda a: dist.all_to_all_single(
             wire, source, output_split_sizes, input_split_sizes, group=group, async_op=a
         ),
@@ -293,6 +299,7 @@ def all_to_all(
             finish()
 
     return issue(
+        "all_to_all_single",
         lambda a: dist.all_to_all_single(
             flat_out, flat_in, out_splits, in_splits, group=group, async_op=a
         ),

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._errors import typed_errors
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import stage_input, stage_output
@@ -54,9 +55,9 @@ def send(
 ) -> None:
     """Send ``tensor`` to ``dst`` (any layout: staged contiguous first)."""
     _need_peer(group, "send")
-    dist.send(
-        stage_input(tensor, reduce=False), group=group, tag=tag, **_peer("dst", dst, group_dst)
-    )
+    wire = stage_input(tensor, reduce=False)
+    with typed_errors("send", group):
+        dist.send(wire, group=group, tag=tag, **_peer("dst", dst, group_dst))
 
 
 def recv(
@@ -69,7 +70,8 @@ def recv(
     """Receive into ``tensor`` from ``src`` (any rank if None); return the sender's rank."""
     _need_peer(group, "recv")
     wire, copy_back = stage_output(tensor, reduce=False)
-    sender = dist.recv(wire, group=group, tag=tag, **_peer("src", src, group_src))
+    with typed_errors("recv", group):
+        sender = dist.recv(wire, group=group, tag=tag, **_peer("src", src, group_src))
     copy_back()
     return int(sender)
 
@@ -84,8 +86,9 @@ def isend(
     """Start sending ``tensor`` to ``dst``; the handle's future works on every backend."""
     _need_peer(group, "isend")
     wire = stage_input(tensor, reduce=False)
-    work = dist.isend(wire, group=group, tag=tag, **_peer("dst", dst, group_dst))
-    return CompatWork.from_work(work, group, [tensor], None)
+    with typed_errors("isend", group):
+        work = dist.isend(wire, group=group, tag=tag, **_peer("dst", dst, group_dst))
+    return CompatWork.from_work(work, group, [tensor], None, op="isend")
 
 
 def irecv(
@@ -98,8 +101,9 @@ def irecv(
     """Start receiving into ``tensor``; ``wait()`` on the handle is safe to repeat."""
     _need_peer(group, "irecv")
     wire, copy_back = stage_output(tensor, reduce=False)
-    work = dist.irecv(wire, group=group, tag=tag, **_peer("src", src, group_src))
-    return CompatWork.from_work(work, group, [tensor], copy_back)
+    with typed_errors("irecv", group):
+        work = dist.irecv(wire, group=group, tag=tag, **_peer("src", src, group_src))
+    return CompatWork.from_work(work, group, [tensor], copy_back, op="irecv")
 
 
 def barrier(
@@ -113,6 +117,7 @@ def barrier(
     if group_size(group) == 1:
         return CompatWork.completed(None) if async_op else None
     return issue(
+        "barrier",
         lambda a: dist.barrier(group=group, async_op=a, device_ids=device_ids),
         group,
         None,

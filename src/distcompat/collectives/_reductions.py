@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._errors import typed_errors
 from distcompat.collectives._group import backend_for, group_size, rank_in
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
@@ -32,15 +33,25 @@ R = dist.ReduceOp
 
 
 def issue(
-    call: Callable[[bool], Any], group: Any, result: Any, finish: Finish | None, async_op: bool
+    op: str,
+    call: Callable[[bool], Any],
+    group: Any,
+    result: Any,
+    finish: Finish | None,
+    async_op: bool,
 ) -> CompatWork | None:
-    """Run ``call(async_op)``; finish now (sync) or when the op completes (async)."""
-    if not async_op:
-        call(False)
-        if finish is not None:
-            finish()
-        return None
-    return CompatWork.from_work(call(True), group, result, finish)
+    """Run ``call(async_op)``; finish now (sync) or when the op completes (async).
+
+    Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
+    """
+    with typed_errors(op, group):
+        if not async_op:
+            call(False)
+            if finish is not None:
+                finish()
+            return None
+        work = call(True)
+    return CompatWork.from_work(work, group, result, finish, op=op)
 
 
 def _done(result: Any, async_op: bool) -> CompatWork | None:
@@ -79,6 +90,7 @@ def all_reduce(
     plan.scale_in_place(wire)
     finish = chain(_after(plan, wire), copy_back)
     return issue(
+        "all_reduce",
         lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a),
         group,
         [tensor],
@@ -124,6 +136,7 @@ def reduce(
             wire = wire.clone()  # the backend scribbles on non-destination buffers
         finish = None
     return issue(
+        "reduce",
         lambda a: dist.reduce(wire, op=plan.op, group=group, async_op=a, **target),
         group,
         [tensor],
@@ -154,6 +167,7 @@ def _reduce_scatter_flat(
     if backend_for(group, output.device) == "nccl":
         finish = chain(_after(plan, wire), copy_back)
         return issue(
+            "reduce_scatter_tensor",
             lambda a: dist.reduce_scatter_tensor(
                 out_flat, flat_input, op=plan.op, group=group, async_op=a
             ),
@@ -170,6 +184,7 @@ def _reduce_scatter_flat(
         copy_back()
 
     return issue(
+        "all_to_all_single",
         lambda a: dist.all_to_all_single(received, flat_input, group=group, async_op=a),
         group,
         [output],

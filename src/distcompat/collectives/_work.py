@@ -33,11 +33,13 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._errors import translate
+
 __all__ = ["CompatFuture", "CompatWork", "Strategy"]
 
 Strategy = Literal["native", "worker", "done"]
 Finish = Callable[[], Any]
-_Item = tuple[Any, "torch.futures.Future[Any]", Any, "Finish | None"]
+_Item = tuple[Any, "torch.futures.Future[Any]", Any, "Finish | None", str, Any]
 
 
 class CompatFuture(torch.futures.Future[Any]):
@@ -91,13 +93,15 @@ class CompatWork:
         return cls(future, "done", None)
 
     @classmethod
-    def from_work(cls, work: Any, group: Any, result: Any, finish: Finish | None) -> CompatWork:
+    def from_work(
+        cls, work: Any, group: Any, result: Any, finish: Finish | None, *, op: str = "collective"
+    ) -> CompatWork:
         """Wrap a backend ``Work``: use its future if it has one, else the group's worker."""
         future: torch.futures.Future[Any] = CompatFuture()
         try:
             native = work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented" (gloo reduce_scatter*, p2p)
-            _worker_for(group).submit(work, future, result, finish)
+            _worker_for(group).submit((work, future, result, finish, op, group))
             return cls(future, "worker", work)
 
         def complete(done: torch.futures.Future[Any]) -> None:
@@ -106,7 +110,7 @@ class CompatWork:
                 if finish is not None:
                     finish()
             except BaseException as exc:
-                future.set_exception(exc)
+                future.set_exception(translate(exc, op, group))
             else:
                 future.set_result(result)
 
@@ -155,10 +159,8 @@ class _GroupWorker:
         self._thread = threading.Thread(target=self._run, name="distcompat-work", daemon=True)
         self._thread.start()
 
-    def submit(
-        self, work: Any, future: torch.futures.Future[Any], result: Any, finish: Finish | None
-    ) -> None:
-        self._queue.put((work, future, result, finish))
+    def submit(self, item: _Item) -> None:
+        self._queue.put(item)
 
     def stop(self) -> None:
         """Let the thread end after the Works already queued (its group is gone)."""
@@ -169,13 +171,13 @@ class _GroupWorker:
             item = self._queue.get()
             if item is None:
                 return
-            work, future, result, finish = item
+            work, future, result, finish, op, group = item
             try:
                 work.wait()
                 if finish is not None:
                     finish()
             except BaseException as exc:
-                future.set_exception(exc)
+                future.set_exception(translate(exc, op, group))
             else:
                 future.set_result(result)
 
