@@ -20,6 +20,7 @@ What every function here guarantees, on gloo as on NCCL:
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
 
+from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._group import NotInGroupError
 from distcompat.collectives._movement import (
@@ -68,6 +69,7 @@ __all__ = [
     "all_gather_object",
     "all_gather_single",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
@@ -80,6 +82,7 @@ __all__ = [
     "recv",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_coalesced",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
     "scatter",
