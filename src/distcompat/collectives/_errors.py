@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import torch.distributed as dist
 
@@ -25,6 +25,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
     "PeerLostError",
+    "raise_typed",
     "translate",
     "typed_errors",
 ]
@@ -98,7 +99,12 @@ def typed_errors(op: str, group: Any) -> Iterator[None]:
     try:
         yield
     except RuntimeError as exc:
-        error = translate(exc, op, group)
-        if error is exc:
-            raise
-        raise error from exc
+        raise_typed(exc, op, group)
+
+
+def raise_typed(exc: RuntimeError, op: str, group: Any) -> NoReturn:
+    """Raise the typed form of ``exc`` (chained to it), or ``exc`` itself if it has none."""
+    error = translate(exc, op, group)
+    if error is exc:
+        raise exc
+    raise error from exc

@@ -6,6 +6,7 @@ no process group, so single-process code runs unchanged.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -40,11 +41,21 @@ def rank_in(group: Any) -> int:
     return dist.get_rank(group)
 
 
+_backends: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
 def backend_for(group: Any, device: torch.device) -> str:
-    """Return the backend that moves ``device`` tensors on ``group`` (cpu:gloo,... -> gloo)."""
-    config = getattr(dist, "get_backend_config", None)
-    text = str(config(group)) if config is not None else str(dist.get_backend(group))
-    if ":" not in text:
-        return text
-    pairs = dict(part.split(":", 1) for part in text.split(","))
-    return pairs.get(device.type, str(dist.get_backend(group)))
+    """Return the backend that moves ``device`` tensors on ``group`` (cpu:gloo,... -> gloo).
+
+    Cached per group object: a group's backends never change.
+    """
+    key = group if group is not None else dist.group.WORLD
+    known = _backends.get(key)
+    if known is None:
+        config = getattr(dist, "get_backend_config", None)
+        text = str(config(group)) if config is not None else str(dist.get_backend(group))
+        fallback = str(dist.get_backend(group))
+        known = dict(part.split(":", 1) for part in text.split(",")) if ":" in text else {}
+        known["*"] = text if ":" not in text else fallback
+        _backends[key] = known
+    return known.get(device.type, known["*"])

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._wire import UnsupportedCollectiveError, upcast_dtype
 
-__all__ = ["ReducePlan", "local_reduce", "plan_reduction"]
+__all__ = ["ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
 
 R = dist.ReduceOp
 _BITWISE = (R.BAND, R.BOR, R.BXOR)
@@ -69,6 +69,18 @@ def _kind(op: Any) -> tuple[Any, Any]:
     return kind, getattr(op, "factor", None)
 
 
+_PLAIN = {kind: ReducePlan(kind) for kind in (R.SUM, R.MIN, R.MAX, R.PRODUCT)}
+_NATIVE_DTYPES = frozenset(
+    {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+    | {torch.int8, torch.uint8, torch.int32, torch.int64}
+)
+
+
+def plan_fast(op: Any, dtype: torch.dtype) -> ReducePlan | None:
+    """Return the plan when it cannot depend on the backend (the common case), else None."""
+    return _PLAIN.get(op) if dtype in _NATIVE_DTYPES else None
+
+
 def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str) -> ReducePlan:
     """Plan a reduction of ``dtype`` with ``op`` on ``backend``.
 
@@ -76,6 +88,9 @@ def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str
         >>> plan_reduction(dist.ReduceOp.SUM, torch.bool, world_size=2, backend="gloo").shim
         'bool-sum-as-max'
     """
+    fast = plan_fast(op, dtype)
+    if fast is not None:
+        return fast
     kind, factor = _kind(op)
     name = str(kind).rsplit(".", 1)[-1].lower()
     if dtype == torch.bool:

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._errors import typed_errors
+from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, rank_in
-from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_reduction
+from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork
 
@@ -44,13 +44,15 @@ def issue(
 
     Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
     """
-    with typed_errors(op, group):
+    try:
         if not async_op:
             call(False)
             if finish is not None:
                 finish()
             return None
         work = call(True)
+    except RuntimeError as exc:  # inline, not typed_errors(): this is every call's hot path
+        raise_typed(exc, op, group)
     return CompatWork.from_work(work, group, result, finish, op=op)
 
 
@@ -59,6 +61,9 @@ def _done(result: Any, async_op: bool) -> CompatWork | None:
 
 
 def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReducePlan:
+    fast = plan_fast(op, tensor.dtype)
+    if fast is not None:
+        return fast
     backend = backend_for(group, tensor.device) if world_size > 1 else "none"
     return plan_reduction(op, tensor.dtype, world_size=world_size, backend=backend)
 

@@ -103,6 +103,8 @@ def stage_input(t: torch.Tensor, *, reduce: bool) -> torch.Tensor:
         >>> stage_input(torch.ones(4, 4).t(), reduce=True).is_contiguous()
         True
     """
+    if t.is_contiguous() and t.dtype in (REDUCE_NATIVE if reduce else MOVE_NATIVE):
+        return t  # the common case: nothing to do
     return _encode(_dense(t), reduce)
 
 
@@ -121,6 +123,8 @@ def stage_output(
         True
     """
     if t.is_contiguous():
+        if t.dtype in (REDUCE_NATIVE if reduce else MOVE_NATIVE):
+            return t, _nothing  # the common case: the backend writes straight into t
         dense = t
     elif fill:
         dense = t.contiguous()

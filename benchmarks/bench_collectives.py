@@ -1,0 +1,198 @@
+"""distcompat collectives vs raw torch.distributed, side by side in one run (2 gloo ranks).
+
+    python benchmarks/bench_collectives.py [--out benchmarks/results] [--quick]
+
+Per op and size (4 B to 64 MiB, float32, contiguous): p50/p95 latency of raw torch and of
+distcompat, interleaved call by call so both see the same noise, with algbw and busbw from the
+nccl-tests formulas. Also: 200 small tensors coalesced vs 200 calls, and a ZeRO-style overlapped
+pipeline (async reduce_scatter + compute) vs the same calls made synchronously. Writes
+results.json, prints a markdown table, and plots latency to latency.png if matplotlib is there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as tdist
+
+import distcompat.collectives as dc
+from distcompat.testing import run_on_ranks
+
+SIZES = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]  # bytes
+# nccl-tests bus-bandwidth factors: busbw = algbw * factor(n)
+BUS = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "all_gather_into_tensor": lambda n: (n - 1) / n,
+    "reduce_scatter_tensor": lambda n: (n - 1) / n,
+    "all_to_all_single": lambda n: (n - 1) / n,
+}
+
+
+def _pair(op: str, nbytes: int, world: int) -> tuple[Callable[[], Any], Callable[[], Any], int]:
+    """(raw call, distcompat call, bytes counted for algbw) for one op and size."""
+    n = max(1, nbytes // 4)
+    if op == "all_reduce":
+        t = torch.ones(n)
+        return (lambda: tdist.all_reduce(t)), (lambda: dc.all_reduce(t)), n * 4
+    if op == "broadcast":
+        t = torch.ones(n)
+        return (lambda: tdist.broadcast(t, src=0)), (lambda: dc.broadcast(t, src=0)), n * 4
+    if op == "all_gather_into_tensor":
+        inp, out = torch.ones(n), torch.empty(n * world)
+        raw = lambda: tdist.all_gather_into_tensor(out, inp)  # noqa: E731
+        return raw, (lambda: dc.all_gather_into_tensor(out, inp)), n * world * 4
+    if op == "reduce_scatter_tensor":
+        inp, out = torch.ones(n * world), torch.empty(n)
+        raw = lambda: tdist.reduce_scatter_tensor(out, inp)  # noqa: E731
+        return raw, (lambda: dc.reduce_scatter_tensor(out, inp)), n * world * 4
+    inp, out = torch.ones(n * world), torch.empty(n * world)
+    raw = lambda: tdist.all_to_all_single(out, inp)  # noqa: E731
+    return raw, (lambda: dc.all_to_all_single(out, inp)), n * world * 4
+
+
+def _reps(nbytes: int, quick: bool) -> int:
+    reps = 200 if nbytes <= 1 << 16 else 40 if nbytes <= 1 << 20 else 8 if nbytes <= 1 << 24 else 4
+    return max(3, reps // 4) if quick else reps
+
+
+def _pct(xs: list[float], q: float) -> float:
+    ordered = sorted(xs)
+    return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    tdist.barrier()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    """Runs on every rank; rank 0's timings are reported."""
+    world = tdist.get_world_size()
+    rows = []
+    for op in BUS:
+        for nbytes in SIZES[:4] if quick else SIZES:
+            raw, ours, counted = _pair(op, nbytes, world)
+            raw(), ours()  # warm up both paths
+            t_raw, t_ours = [], []
+            for _ in range(_reps(nbytes, quick)):
+                t_raw.append(_timed(raw))
+                t_ours.append(_timed(ours))
+            p50_raw, p50_ours = _pct(t_raw, 0.5), _pct(t_ours, 0.5)
+            algbw = counted / p50_ours / 1e9
+            rows.append(
+                {
+                    "op": op, "bytes": nbytes,
+                    "raw_p50_us": p50_raw * 1e6, "raw_p95_us": _pct(t_raw, 0.95) * 1e6,
+                    "ours_p50_us": p50_ours * 1e6, "ours_p95_us": _pct(t_ours, 0.95) * 1e6,
+                    "ratio": p50_ours / p50_raw, "extra_us": (p50_ours - p50_raw) * 1e6,
+                    "algbw_GBps": algbw, "busbw_GBps": algbw * BUS[op](world),
+                }
+            )  # fmt: skip
+    return {"rows": rows, "coalesced": _coalesced(quick), "overlap": _overlap(quick)}
+
+
+def _coalesced(quick: bool) -> dict[str, float]:
+    tensors = [torch.ones(64) for _ in range(200)]
+    one_by_one = lambda: [dc.all_reduce(t) for t in tensors]  # noqa: E731
+    bucket = lambda: dc.all_reduce_coalesced(tensors)  # noqa: E731
+    one_by_one(), bucket()
+    reps = 5 if quick else 20
+    calls = [_timed(one_by_one) for _ in range(reps)]
+    coalesced = [_timed(bucket) for _ in range(reps)]
+    return {
+        "calls_200_ms": _pct(calls, 0.5) * 1e3,
+        "coalesced_ms": _pct(coalesced, 0.5) * 1e3,
+        "speedup": _pct(calls, 0.5) / _pct(coalesced, 0.5),
+    }
+
+
+def _overlap(quick: bool) -> dict[str, float]:
+    """4 buckets of 1 MiB grads; a 'backward' matmul per bucket overlaps the previous bucket."""
+    world = tdist.get_world_size()
+    grads = [torch.ones(world * (1 << 18)) for _ in range(4)]
+    shards = [torch.empty(1 << 18) for _ in range(4)]
+    weight = torch.randn(384, 384)
+
+    def compute() -> None:
+        weight @ weight
+
+    def synchronous() -> None:
+        for g, s in zip(grads, shards, strict=True):
+            compute()
+            tdist.reduce_scatter_tensor(s, g)
+
+    def overlapped() -> None:
+        pending = []
+        for g, s in zip(grads, shards, strict=True):
+            compute()
+            work = dc.reduce_scatter_tensor(s, g, async_op=True)
+            assert work is not None
+            pending.append(work.get_future())
+        torch.futures.wait_all(pending)
+
+    synchronous(), overlapped()
+    reps = 5 if quick else 20
+    sync_t = [_timed(synchronous) for _ in range(reps)]
+    over_t = [_timed(overlapped) for _ in range(reps)]
+    return {
+        "sync_raw_ms": _pct(sync_t, 0.5) * 1e3,
+        "overlapped_ms": _pct(over_t, 0.5) * 1e3,
+        "ratio": _pct(over_t, 0.5) / _pct(sync_t, 0.5),
+    }
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for op in BUS:
+        mine = [r for r in rows if r["op"] == op]
+        sizes = [r["bytes"] for r in mine]
+        ax.plot(sizes, [r["ours_p50_us"] for r in mine], marker="o", label=f"{op} distcompat")
+        ax.plot(sizes, [r["raw_p50_us"] for r in mine], ls="--", alpha=0.6, label=f"{op} raw")
+    ax.set(xscale="log", yscale="log", xlabel="bytes", ylabel="p50 latency (us)")
+    ax.set_title("gloo, 2 ranks: distcompat vs raw torch.distributed")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
+    options = parser.parse_args()
+    result = run_on_ranks(measure, 2, args=(options.quick,), timeout=1800)[0]
+    result["torch"] = torch.__version__
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / "collectives.json").write_text(json.dumps(result, indent=2))
+    print("| op | bytes | raw p50 us | distcompat p50 us | ratio | +us | busbw GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in result["rows"]:
+        print(
+            f"| {r['op']} | {r['bytes']} | {r['raw_p50_us']:.1f} | {r['ours_p50_us']:.1f} | "
+            f"{r['ratio']:.3f} | {r['extra_us']:+.1f} | {r['busbw_GBps']:.3f} |"
+        )
+    print("coalesced:", json.dumps(result["coalesced"]))
+    print("overlap:", json.dumps(result["overlap"]))
+    if _plot(result["rows"], options.out / "collectives_latency.png"):
+        print("plot:", options.out / "collectives_latency.png")
+
+
+if __name__ == "__main__":
+    main()
