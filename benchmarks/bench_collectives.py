@@ -26,7 +26,7 @@ from distcompat.testing import run_on_ranks
 
 SIZES = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]  # bytes
 # nccl-tests bus-bandwidth factors: busbw = algbw * factor(n)
-BUS = {
+BUS: dict[str, Callable[[int], float]] = {
     "all_reduce": lambda n: 2 * (n - 1) / n,
     "broadcast": lambda n: 1.0,
     "all_gather_into_tensor": lambda n: (n - 1) / n,
@@ -102,9 +102,16 @@ def measure(quick: bool) -> dict[str, Any]:
 
 def _coalesced(quick: bool) -> dict[str, float]:
     tensors = [torch.ones(64) for _ in range(200)]
-    one_by_one = lambda: [dc.all_reduce(t) for t in tensors]  # noqa: E731
-    bucket = lambda: dc.all_reduce_coalesced(tensors)  # noqa: E731
-    one_by_one(), bucket()
+
+    def one_by_one() -> None:
+        for t in tensors:
+            dc.all_reduce(t)
+
+    def bucket() -> None:
+        dc.all_reduce_coalesced(tensors)
+
+    one_by_one()
+    bucket()
     reps = 5 if quick else 20
     calls = [_timed(one_by_one) for _ in range(reps)]
     coalesced = [_timed(bucket) for _ in range(reps)]
@@ -139,7 +146,8 @@ def _overlap(quick: bool) -> dict[str, float]:
             pending.append(work.get_future())
         torch.futures.wait_all(pending)
 
-    synchronous(), overlapped()
+    synchronous()
+    overlapped()
     reps = 5 if quick else 20
     sync_t = [_timed(synchronous) for _ in range(reps)]
     over_t = [_timed(overlapped) for _ in range(reps)]

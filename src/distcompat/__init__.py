@@ -11,6 +11,7 @@ Importing distcompat configures nothing, writes no environment variable and prob
 
 from importlib.metadata import PackageNotFoundError, version
 
+from distcompat._capabilities import Capabilities, capabilities
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
 from distcompat.collectives import (
     CollectiveError,
@@ -67,6 +68,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 # distcompat.collectives.barrier(async_op=True).
 __all__ = [
     "BackendUnavailableError",
+    "Capabilities",
     "CollectiveError",
     "CollectiveTimeoutError",
     "CompatWork",
@@ -91,6 +93,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "capabilities",
     "destroy_distributed",
     "distributed_session",
     "gather",

@@ -36,7 +36,27 @@ def _build_parser() -> argparse.ArgumentParser:
         "--backend", default=None, help="backend to plan for (default: from device)"
     )
     doctor.add_argument("--json", action="store_true", help="one JSON object per rank")
+    doctor.add_argument(
+        "--probe",
+        action="store_true",
+        help=(
+            "also create the process group and probe what its backend really does "
+            "(every rank must run it; rank 0 prints the table)"
+        ),
+    )
     return parser
+
+
+def _print_probe(device: str, backend: str | None) -> None:
+    """Create the group, probe its backend, print the table on rank 0, tear the group down."""
+    import distcompat
+
+    with distcompat.distributed_session(device=device, backend=backend) as info:
+        caps = distcompat.capabilities()
+        if info.is_main_process:
+            text = caps.table() if info.has_group else "no process group: nothing to probe"
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One write per rank, so ranks launched together do not interleave mid-line.
         sys.stdout.write((report.to_json() if options.json else report.to_text()) + "\n")
         sys.stdout.flush()
+        if options.probe and report.ok:
+            _print_probe(options.device, options.backend)
         return 0 if report.ok else 1
     parser.print_help()
     return 2

@@ -1,0 +1,263 @@
+"""What the backend under a process group really does, found out by asking it (`doctor --probe`).
+
+Version tables go stale and DeepSpeed-style "torch >= X" checks guess. :func:`capabilities`
+runs tiny collectives through *raw* ``torch.distributed`` on a private copy of the group, checks
+each result against a reference computed locally from every rank's input, and caches the answer
+per (backend, torch version, world size)::
+
+    caps = distcompat.capabilities()        # every rank calls it: it runs collectives
+    print(caps.table())                      # markdown: op x dtype -> ok / WRONG / raises
+    caps.cell("all_reduce", "bool", "SUM")   # 'WRONG' on gloo: bytes add and wrap at 256
+
+Probes that crash a backend (gloo's 0-dim reduce_scatter segfaults) are never run. A probe that
+hangs would only stall the private group until its 20 s timeout, never the caller's group.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Capabilities", "capabilities"]
+
+_DTYPES = [
+    "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
+    "bool", "complex64", "float8_e4m3fn",
+]  # fmt: skip
+_OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
+_MOVES = ["broadcast", "all_gather_into_tensor", "all_to_all_single", "reduce_scatter_tensor"]
+_FUTURE_OPS = [
+    "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
+    "all_to_all_single", "isend",
+]  # fmt: skip
+_PROBE_TIMEOUT = timedelta(seconds=20)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """Probe results: ``cells[(op, dtype, reduce_op)]`` is 'ok', 'WRONG' or 'raises: ...'.
+
+    ``futures[op]`` is 'native' when ``work.get_future()`` works for an async ``op``, else why not;
+    ``layouts[(op, layout)]`` says whether a non-contiguous tensor gives the right answer.
+    """
+
+    backend: str
+    torch_version: str
+    world_size: int
+    cells: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    futures: dict[str, str] = field(default_factory=dict)
+    layouts: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def cell(self, op: str, dtype: str, reduce_op: str = "-") -> str:
+        """Return the probe result for ``op`` on ``dtype`` (with ``reduce_op`` for reductions)."""
+        return self.cells.get((op, dtype, reduce_op), "not probed")
+
+    def table(self) -> str:
+        """Render the results as markdown tables (reductions, data movement, futures, layouts)."""
+        short = {"ok": "ok", "WRONG": "**WRONG**"}
+        lines = [
+            f"Backend {self.backend}, torch {self.torch_version}, {self.world_size} ranks "
+            "(raw torch.distributed, before distcompat's shims).",
+            "",
+            "| all_reduce | " + " | ".join(_OPS) + " |",
+            "| --- |" + " --- |" * len(_OPS),
+        ]
+        for dtype in _DTYPES:
+            row = [
+                short.get(c, "raises") for c in (self.cell("all_reduce", dtype, o) for o in _OPS)
+            ]
+            lines.append(f"| {dtype} | " + " | ".join(row) + " |")
+        lines += ["", "| dtype | " + " | ".join(_MOVES) + " |", "| --- |" + " --- |" * len(_MOVES)]
+        for dtype in _DTYPES:
+            row = [short.get(self.cell(m, dtype), "raises") for m in _MOVES]
+            lines.append(f"| {dtype} | " + " | ".join(row) + " |")
+        lines += ["", "| async op | get_future() |", "| --- | --- |"]
+        lines += [f"| {op} | {how} |" for op, how in self.futures.items()]
+        lines += ["", "| op | non-contiguous layout | result |", "| --- | --- | --- |"]
+        lines += [f"| {op} | {lay} | {short.get(r, r)} |" for (op, lay), r in self.layouts.items()]
+        return "\n".join(lines)
+
+
+def _value(rank: int, dtype: torch.dtype) -> torch.Tensor:
+    """Return a rank's probe input: two small values whose reductions are exact in any dtype."""
+    base = torch.tensor([rank + 1, 2])
+    if dtype == torch.bool:
+        return torch.tensor([rank % 2 == 0, True])
+    if dtype.is_complex:
+        return torch.complex(base.double(), base.double()).to(dtype)
+    return base.to(dtype)
+
+
+def _reference(dtype: torch.dtype, op: str, world: int) -> torch.Tensor:
+    """Return the reduction of every rank's probe input, computed locally (bool: logically)."""
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    stack = torch.stack([_value(r, dtype).to(wide) for r in range(world)])
+    if dtype == torch.bool:
+        flags = stack.bool()
+        logical = {"SUM": flags.any(0), "MAX": flags.any(0), "BOR": flags.any(0),
+                   "PRODUCT": flags.all(0), "MIN": flags.all(0), "BAND": flags.all(0),
+                   "BXOR": flags.sum(0) % 2 == 1}  # fmt: skip
+        return logical[op]
+
+    def bitwise(fn: Any) -> torch.Tensor:  # only reached for dtypes the backend accepted
+        return functools.reduce(fn, stack.long().unbind(0))
+
+    results = {
+        "SUM": lambda: stack.sum(0), "AVG": lambda: stack.sum(0) / world,
+        "PREMUL_SUM": lambda: (2.0 * stack).sum(0), "PRODUCT": lambda: stack.prod(0),
+        "MIN": lambda: stack.real.amin(0), "MAX": lambda: stack.real.amax(0),
+        "BAND": lambda: bitwise(torch.bitwise_and),
+        "BOR": lambda: bitwise(torch.bitwise_or),
+        "BXOR": lambda: bitwise(torch.bitwise_xor),
+    }  # fmt: skip
+    return results[op]().to(dtype)
+
+
+def _equal(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    if got.dtype == torch.bool and not bool((got.view(torch.uint8) <= 1).all()):
+        return False  # non-canonical bool bytes: the next op on them goes wrong
+    wide = torch.complex128 if got.dtype.is_complex else torch.float64
+    return bool(torch.allclose(got.to(wide), expected.to(wide), rtol=1e-2, atol=1e-2))
+
+
+def _run(probe: Any) -> str:
+    try:
+        return "ok" if probe() else "WRONG"
+    except (RuntimeError, ValueError, TypeError) as exc:
+        return f"raises: {str(exc).splitlines()[0][:80]}"
+
+
+def _probe(group: Any) -> Capabilities:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    caps = Capabilities(
+        backend=str(dist.get_backend(group)), torch_version=torch.__version__, world_size=world
+    )
+    for name in _DTYPES:
+        dtype = getattr(torch, name, None)
+        if dtype is None:
+            continue
+        for op in _OPS:
+            reduce_op = _premul(2.0) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+
+            def reduce_probe(d: torch.dtype = dtype, o: str = op, r: Any = reduce_op) -> bool:
+                value = _value(rank, d)
+                dist.all_reduce(value, op=r, group=group)
+                return _equal(value, _reference(d, o, world))
+
+            caps.cells[("all_reduce", name, op)] = _run(reduce_probe)
+        for move in _MOVES:
+            caps.cells[(move, name, "-")] = _run(functools.partial(_move, move, dtype, group))
+    for op in _FUTURE_OPS:
+        caps.futures[op] = _future(op, group)
+    caps.layouts[("all_reduce", "strided view")] = _run(functools.partial(_strided, group))
+    return caps
+
+
+def _premul(factor: float) -> Any:
+    """ReduceOp.PREMUL_SUM with a factor (callable in torch 2.13; the private maker before)."""
+    try:
+        return dist.ReduceOp.PREMUL_SUM(factor)
+    except TypeError:
+        return dist._make_nccl_premul_sum(factor)
+
+
+def _global(group: Any, group_rank: int) -> int:
+    return group_rank if group is None else dist.get_global_rank(group, group_rank)
+
+
+def _move(op: str, dtype: torch.dtype, group: Any) -> bool:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    mine = _value(rank, dtype)
+    if op == "broadcast":
+        dist.broadcast(mine, src=_global(group, 0), group=group)
+        return _equal(mine, _value(0, dtype))
+    if op == "all_gather_into_tensor":
+        out = torch.empty(world * 2, dtype=dtype)
+        dist.all_gather_into_tensor(out, mine, group=group)
+        return _equal(out, torch.cat([_value(r, dtype) for r in range(world)]))
+    if op == "reduce_scatter_tensor":
+        out = torch.empty(2, dtype=dtype)
+        dist.reduce_scatter_tensor(out, torch.cat([mine] * world), group=group)
+        return _equal(out, _reference(dtype, "SUM", world))
+    out = torch.empty(world * 2, dtype=dtype)
+    dist.all_to_all_single(out, torch.cat([mine] * world), group=group)
+    return _equal(out, torch.cat([_value(r, dtype) for r in range(world)]))
+
+
+def _future(op: str, group: Any) -> str:
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    value = torch.ones(world * 2)
+    try:
+        if op == "isend":  # a ring: send to the next rank, receive from the previous one
+            sink = torch.empty(world * 2)
+            work = dist.isend(value, dst=_global(group, (rank + 1) % world), group=group)
+            receive = dist.irecv(sink, src=_global(group, (rank - 1) % world), group=group)
+            assert work is not None
+            assert receive is not None
+            try:
+                work.get_future()
+                return "native"
+            finally:
+                work.wait()
+                receive.wait()
+        calls = {
+            "all_reduce": lambda: dist.all_reduce(value, group=group, async_op=True),
+            "broadcast": lambda: dist.broadcast(
+                value, src=_global(group, 0), group=group, async_op=True),
+            "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+                torch.empty(world * world * 2), value, group=group, async_op=True),
+            "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+                torch.empty(2), value, group=group, async_op=True),
+            "all_to_all_single": lambda: dist.all_to_all_single(
+                torch.empty_like(value), value, group=group, async_op=True),
+        }  # fmt: skip
+        work = calls[op]()
+        assert work is not None
+        try:
+            work.get_future()
+            return "native"
+        finally:
+            work.wait()
+    except RuntimeError as exc:
+        return f"missing: {str(exc).splitlines()[0][:60]}"
+
+
+def _strided(group: Any) -> bool:
+    base = torch.zeros(2, 4)
+    view = base[:, ::2]
+    view.fill_(1.0)
+    dist.all_reduce(view, group=group)
+    world = dist.get_world_size(group)
+    return bool((view == world).all()) and bool((base[:, 1::2] == 0).all())
+
+
+_cache: dict[tuple[str, str, int], Capabilities] = {}
+
+
+def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
+    """Probe (once per backend, torch version and world size) what ``group``'s backend does.
+
+    Every rank of ``group`` must call it together: it creates a private group and runs about
+    150 tiny collectives on it (tens of milliseconds on gloo). Without a process group there is
+    nothing to probe and the result is empty, for the backend ``"none"``.
+
+    Example:
+        >>> capabilities().backend   # no process group here
+        'none'
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return Capabilities(backend="none", torch_version=torch.__version__, world_size=1)
+    key = (str(dist.get_backend(group)), torch.__version__, dist.get_world_size(group))
+    if refresh or key not in _cache:
+        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        private = dist.new_group(ranks=ranks, timeout=_PROBE_TIMEOUT)
+        try:
+            _cache[key] = _probe(private)
+        finally:
+            dist.destroy_process_group(private)
+    return _cache[key]
