@@ -13,6 +13,18 @@ from importlib.metadata import PackageNotFoundError, version
 
 from distcompat._capabilities import Capabilities, capabilities
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
+from distcompat.checkpoint import (
+    AsyncCheckpointer,
+    CheckpointCorruptError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointSyncError,
+    WorldSizeMismatchError,
+    atomic_save,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from distcompat.collectives import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -58,6 +70,7 @@ from distcompat.process_group import (
     init_distributed,
     is_main_process,
 )
+from distcompat.rank_logging import get_logger, print0, progress, rank_zero_only, warn_once
 
 try:
     __version__ = version("distcompat")
@@ -67,8 +80,13 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 # distcompat.barrier is process_group.barrier (device-aware for NCCL); the async form is
 # distcompat.collectives.barrier(async_op=True).
 __all__ = [
+    "AsyncCheckpointer",
     "BackendUnavailableError",
     "Capabilities",
+    "CheckpointCorruptError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CheckpointSyncError",
     "CollectiveError",
     "CollectiveTimeoutError",
     "CompatWork",
@@ -81,6 +99,7 @@ __all__ = [
     "NotInGroupError",
     "PeerLostError",
     "UnsupportedCollectiveError",
+    "WorldSizeMismatchError",
     "__version__",
     "all_gather",
     "all_gather_into_tensor",
@@ -90,6 +109,7 @@ __all__ = [
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
+    "atomic_save",
     "barrier",
     "broadcast",
     "broadcast_object_list",
@@ -99,19 +119,27 @@ __all__ = [
     "gather",
     "gather_object",
     "get_local_rank",
+    "get_logger",
     "get_rank",
     "get_world_size",
     "init_distributed",
     "irecv",
     "is_main_process",
     "isend",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "print0",
+    "progress",
+    "rank_zero_only",
     "recv",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_coalesced",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "save_checkpoint",
     "scatter",
     "scatter_object_list",
     "send",
+    "warn_once",
 ]

@@ -1,0 +1,63 @@
+"""Crash-consistent checkpoints: a killed save never costs the last good one.
+
+The lines a training script writes (every rank calls both, each with its own state)::
+
+    step = distcompat.latest_checkpoint("ckpt")          # newest committed, intact step or None
+    state = distcompat.load_checkpoint("ckpt", step) if step is not None else None
+    ...
+    distcompat.save_checkpoint("ckpt", step, {"model": model.state_dict()}, keep_last=3)
+
+:class:`AsyncCheckpointer` does the same from a background thread, after copying the state.
+
+Single files: :func:`atomic_save` is ``torch.save`` that never leaves a torn file, and
+:func:`atomic_write_bytes` / :func:`atomic_write_json` do the same for bytes and JSON.
+
+The commit protocol, what it guarantees under which failure, and what it costs are described in
+``docs/checkpoints.md``. Modules: ``_atomic`` (durable single-file writes), ``_manifest`` (layout
+and verification), ``_sync`` (the save's collectives), ``_save``, ``_load``, ``_async``.
+"""
+
+from distcompat.checkpoint._async import AsyncCheckpointer
+from distcompat.checkpoint._atomic import (
+    CHECKSUM_ALGORITHM,
+    atomic_save,
+    atomic_write_bytes,
+    atomic_write_json,
+)
+from distcompat.checkpoint._errors import (
+    CheckpointCorruptError,
+    CheckpointExistsError,
+    CheckpointNotFoundError,
+    CheckpointSyncError,
+    WorldSizeMismatchError,
+)
+from distcompat.checkpoint._load import latest_checkpoint, load_checkpoint
+from distcompat.checkpoint._manifest import (
+    Manifest,
+    ManifestFile,
+    committed_steps,
+    verify_checkpoint,
+)
+from distcompat.checkpoint._save import save_checkpoint
+from distcompat.checkpoint._sync import DEFAULT_SYNC_TIMEOUT_S
+
+__all__ = [
+    "CHECKSUM_ALGORITHM",
+    "DEFAULT_SYNC_TIMEOUT_S",
+    "AsyncCheckpointer",
+    "CheckpointCorruptError",
+    "CheckpointExistsError",
+    "CheckpointNotFoundError",
+    "CheckpointSyncError",
+    "Manifest",
+    "ManifestFile",
+    "WorldSizeMismatchError",
+    "atomic_save",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "committed_steps",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+    "verify_checkpoint",
+]

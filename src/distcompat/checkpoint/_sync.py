@@ -1,0 +1,194 @@
+"""The collectives of one distributed save: a bounded arrival check, then small object gathers.
+
+Every save runs, on every rank and in this order: ``arrive`` (point-to-point tokens to and from
+rank 0, each wait bounded by the save's own timeout, so a save called from one rank only fails in
+seconds and rank 0 names the ranks that never came, instead of hanging until the process-group
+timeout), then three small object gathers carrying the plan, each rank's write result, and rank
+0's commit result. Because every rank reports success *or* its error in those gathers, a rank
+that fails to write never leaves the others waiting. Without a process group (or at world size 1)
+each function here is the identity.
+
+The tokens and gathers use CPU tensors, so they run on gloo: the default group when it is gloo,
+else a gloo side group made on the first save (every rank must make that first save together, as
+with any collective; this path is not exercised by the CPU-only test suite).
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.checkpoint._errors import CheckpointSyncError
+from distcompat.process_group import get_world_size
+
+__all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
+
+_ARRIVE_TAG = 0x5AFE  # keeps the arrival tokens apart from the application's own send/recv
+_EVERY_RANK = (
+    "Every rank must call it, with its own state, at the same step; never inside `if rank == 0:`"
+)
+
+#: Seconds the ranks may arrive apart at a save. Ranks reach a save right after a training step's
+#: collectives, so they arrive seconds apart; 5 minutes leaves room for a slow rank while failing
+#: long before the 30-minute gloo default when a save runs inside ``if rank == 0:``.
+DEFAULT_SYNC_TIMEOUT_S = 300.0
+
+# The gloo group made for a non-gloo default group (which it belongs to, the side group).
+_side_group: tuple[object, dist.ProcessGroup] | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SaveGroup:
+    """The ranks taking part in one save: ``group=None`` means the default (gloo) group."""
+
+    rank: int
+    world_size: int
+    group: dist.ProcessGroup | None
+    active: bool
+
+    def arrive(self, what: str, timeout_s: float) -> None:
+        """Wait, at most ``timeout_s``, until every rank has called the same save.
+
+        Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 waits for every
+        token against one deadline, so it can name the ranks that never came. Point-to-point
+        ``Work.wait(timeout)`` is bounded on both sides (``monitored_barrier`` is not: a rank > 0
+        whose rank 0 never arrives hangs in it on torch 2.13 gloo).
+        """
+        if not self.active:
+            return
+        token = torch.zeros(1)
+        deadline = time.monotonic() + timeout_s
+        if self.rank == 0:
+            pending = {
+                peer: dist.irecv(torch.zeros(1), src=peer, group=self.group, tag=_ARRIVE_TAG)
+                for peer in range(1, self.world_size)
+            }
+            missing: list[int] = []
+            for peer, work in pending.items():
+                if not _wait(work, deadline):
+                    missing.append(peer)
+            if missing:
+                raise CheckpointSyncError(
+                    f"{what} on rank 0: rank(s) {', '.join(map(str, missing))} of "
+                    f"{self.world_size} did not call it within {timeout_s:g}s. {_EVERY_RANK}"
+                )
+            for peer in range(1, self.world_size):
+                dist.send(token, dst=peer, group=self.group, tag=_ARRIVE_TAG)
+            return
+        sent = dist.isend(token, dst=0, group=self.group, tag=_ARRIVE_TAG)
+        reply = dist.irecv(torch.zeros(1), src=0, group=self.group, tag=_ARRIVE_TAG)
+        if not (_wait(sent, deadline) and _wait(reply, deadline)):
+            raise CheckpointSyncError(
+                f"{what} on rank {self.rank}: rank 0 did not call it within {timeout_s:g}s "
+                f"(or another rank did not, and rank 0 gave up). {_EVERY_RANK}"
+            )
+
+    def gather(self, value: Any) -> list[Any]:
+        """Return every rank's ``value``, in rank order (``[value]`` without a group).
+
+        Pickles, gathers the lengths, pads to the longest, gathers, trims, unpickles. Not
+        ``all_gather_object``: on torch builds without NumPy that raises "Numpy is not available".
+        The values are small (a plan, a file entry, an error string).
+        """
+        if not self.active:
+            return [value]
+        payload = pickle.dumps(value)
+        length = torch.tensor([len(payload)], dtype=torch.int64)
+        lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
+        dist.all_gather(lengths, length, group=self.group)
+        longest = max(int(n.item()) for n in lengths)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
+        dist.all_gather(gathered, padded, group=self.group)
+        return [
+            pickle.loads(bytes(buf[: int(n.item())].tolist()))
+            for buf, n in zip(gathered, lengths, strict=True)
+        ]
+
+
+def _wait(work: dist.Work | None, deadline: float) -> bool:
+    """Wait for ``work`` until ``deadline`` (monotonic seconds); False if it did not complete."""
+    if work is None:  # torch returns None for a rank outside the group: nothing to wait for
+        return True
+    left = max(deadline - time.monotonic(), 0.001)
+    try:
+        work.wait(timedelta(seconds=left))
+    except RuntimeError:  # gloo: "Timed out waiting ...", or the pair closed after a timeout
+        return False
+    return True
+
+
+def _alone(what: str) -> SaveGroup | None:
+    """Return an inactive group for one process (no group, or world size 1), else None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        world_size = get_world_size()
+        if world_size > 1:
+            raise CheckpointSyncError(
+                f"{what}: the launcher says WORLD_SIZE={world_size} but no process group exists; "
+                "call distcompat.init_distributed() first"
+            )
+        return SaveGroup(rank=0, world_size=1, group=None, active=False)
+    if dist.get_world_size() == 1:
+        return SaveGroup(rank=dist.get_rank(), world_size=1, group=None, active=False)
+    return None
+
+
+def save_group(what: str, timeout_s: float) -> SaveGroup:
+    """Describe the ranks of the current launch; refuse a multi-rank launch with no group."""
+    alone = _alone(what)
+    if alone is not None:
+        return alone
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if carries_cpu_tensors(str(dist.get_backend())):
+        return SaveGroup(rank=rank, world_size=world_size, group=None, active=True)
+    global _side_group
+    if _side_group is None or _side_group[0] is not dist.group.WORLD:  # none yet, or a new world
+        try:
+            side = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        except RuntimeError as exc:  # gloo's connect timed out: not every rank made the group
+            raise CheckpointSyncError(
+                f"{what} on rank {rank}: could not make the gloo group a save needs beside the "
+                f"{dist.get_backend()} group within {timeout_s:g}s ({exc}). {_EVERY_RANK}"
+            ) from exc
+        _side_group = (dist.group.WORLD, side)
+    return SaveGroup(rank=rank, world_size=world_size, group=_side_group[1], active=True)
+
+
+def carries_cpu_tensors(backend: str) -> bool:
+    """Say whether a default group with this backend runs CPU collectives (gloo, or a map to it).
+
+    Example:
+        >>> carries_cpu_tensors("gloo"), carries_cpu_tensors("cpu:gloo,cuda:nccl")
+        (True, True)
+        >>> carries_cpu_tensors("nccl")
+        False
+    """
+    return backend == "gloo" or "cpu:gloo" in backend.split(",")
+
+
+def dedicated_save_group(what: str, timeout_s: float) -> SaveGroup:
+    """Make a gloo group used by saves only, for saves that run beside training in a thread.
+
+    Collectives of one group must run in the same order on every rank; a background save sharing
+    the default group with the training loop would interleave differently on each rank. Every
+    rank must call this together (it is a collective), like ``dist.new_group``.
+    """
+    alone = _alone(what)
+    if alone is not None:
+        return alone
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        side = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        raise CheckpointSyncError(
+            f"{what} on rank {rank}: not every rank made the save group within "
+            f"{timeout_s:g}s ({exc}). Every rank must create it, in the same order"
+        ) from exc
+    return SaveGroup(rank=rank, world_size=world_size, group=side, active=True)
