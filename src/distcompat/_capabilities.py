@@ -258,6 +258,10 @@ def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
         private = dist.new_group(ranks=ranks, timeout=_PROBE_TIMEOUT)
         try:
             _cache[key] = _probe(private)
+            # A rank that finishes first must not tear the private group down while a peer is
+            # still receiving its last probe message (seen on torch 2.4: the next new_group
+            # hangs). A barrier on the caller's group proves every rank is done with it.
+            dist.barrier(group=group)
         finally:
             dist.destroy_process_group(private)
     return _cache[key]
