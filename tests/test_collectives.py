@@ -6,6 +6,8 @@ against a reference computed from all ranks' inputs (tests/collective_cases.py).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -88,3 +90,29 @@ def _flag_eight_rounds() -> bool:
 
 def test_bool_flag_survives_eight_rounds() -> None:
     assert run_on_ranks(_flag_eight_rounds, 2) == [True, True]
+
+
+def _objects() -> tuple[Any, ...]:
+    import torch.distributed as dist
+
+    from distcompat import collectives as C
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gathered: list[Any] = [None] * world
+    C.all_gather_object(gathered, {"rank": rank})
+    shared = [f"from {rank}"]
+    C.broadcast_object_list(shared, src=world - 1)
+    at_root: list[Any] | None = [None] * world if rank == 0 else None
+    C.gather_object(rank * 10, at_root, dst=0)
+    mine: list[Any] = [None]
+    C.scatter_object_list(mine, [f"for {r}" for r in range(world)] if rank == 0 else None, src=0)
+    return gathered, shared[0], at_root, mine[0]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_object_collectives(world_size: int) -> None:
+    for rank, (gathered, shared, at_root, mine) in enumerate(run_on_ranks(_objects, world_size)):
+        assert gathered == [{"rank": r} for r in range(world_size)]
+        assert shared == f"from {world_size - 1}"
+        assert at_root == ([r * 10 for r in range(world_size)] if rank == 0 else None)
+        assert mine == f"for {rank}"
