@@ -15,7 +15,6 @@ with any collective; this path is not exercised by the CPU-only test suite).
 
 from __future__ import annotations
 
-import pickle
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.checkpoint._errors import CheckpointSyncError
+from distcompat.collectives import all_gather_object
 from distcompat.process_group import get_world_size
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
@@ -92,25 +92,15 @@ class SaveGroup:
     def gather(self, value: Any) -> list[Any]:
         """Return every rank's ``value``, in rank order (``[value]`` without a group).
 
-        Pickles, gathers the lengths, pads to the longest, gathers, trims, unpickles. Not
-        ``all_gather_object``: on torch builds without NumPy that raises "Numpy is not available".
-        The values are small (a plan, a file entry, an error string).
+        distcompat's ``all_gather_object``, not torch's: torch's decodes with NumPy and raises
+        "Numpy is not available" on builds without it. The values are small (a plan, a file
+        entry, an error string).
         """
         if not self.active:
             return [value]
-        payload = pickle.dumps(value)
-        length = torch.tensor([len(payload)], dtype=torch.int64)
-        lengths = [torch.zeros_like(length) for _ in range(self.world_size)]
-        dist.all_gather(lengths, length, group=self.group)
-        longest = max(int(n.item()) for n in lengths)
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[: len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        gathered = [torch.empty(longest, dtype=torch.uint8) for _ in range(self.world_size)]
-        dist.all_gather(gathered, padded, group=self.group)
-        return [
-            pickle.loads(bytes(buf[: int(n.item())].tolist()))
-            for buf, n in zip(gathered, lengths, strict=True)
-        ]
+        everyone: list[Any] = [None] * self.world_size
+        all_gather_object(everyone, value, group=self.group)
+        return everyone
 
 
 def _wait(work: dist.Work | None, deadline: float) -> bool:

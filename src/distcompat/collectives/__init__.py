@@ -20,6 +20,7 @@ What every function here guarantees, on gloo as on NCCL:
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
 
+from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._group import NotInGroupError
@@ -32,18 +33,13 @@ from distcompat.collectives._movement import (
     gather,
     scatter,
 )
-from distcompat.collectives._p2p import (
-    NoPeerError,
+from distcompat.collectives._objects import (
     all_gather_object,
-    barrier,
     broadcast_object_list,
     gather_object,
-    irecv,
-    isend,
-    recv,
     scatter_object_list,
-    send,
 )
+from distcompat.collectives._p2p import NoPeerError, barrier, irecv, isend, recv, send
 from distcompat.collectives._reductions import (
     all_reduce,
     reduce,
@@ -58,6 +54,7 @@ reduce_scatter_single = reduce_scatter_tensor
 
 __all__ = [
     "CollectiveError",
+    "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CompatWork",
     "NoPeerError",
@@ -75,9 +72,11 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object_list",
+    "checked",
     "gather",
     "gather_object",
     "irecv",
+    "is_checked",
     "isend",
     "recv",
     "reduce",

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, rank_in
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
@@ -63,6 +64,7 @@ def broadcast(
     """
     if group_size(group) == 1:
         return _done([tensor], async_op)
+    verify("broadcast", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False, fill=True)
     root = _root("src", src, group_src)
     return issue(
@@ -95,6 +97,7 @@ def all_gather(
     if world_size == 1:
         tensor_list[0].copy_(tensor)
         return _done(tensor_list, async_op)
+    verify("all_gather", tensor, group)
     staged = [stage_output(out, reduce=False) for out in tensor_list]
     wires = [wire for wire, _ in staged]
     source = stage_input(tensor, reduce=False)
@@ -134,6 +137,7 @@ def all_gather_into_tensor(
     if world_size == 1:
         output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
         return _done([output_tensor], async_op)
+    verify("all_gather_into_tensor", input_tensor, group)
     wire, copy_back = stage_output(output_tensor, reduce=False)
     source = stage_input(input_tensor, reduce=False).reshape(-1)
     out_flat = wire.view(-1)
@@ -168,6 +172,7 @@ def gather(
         if gather_list is not None:
             gather_list[0].copy_(tensor)
         return _done(gather_list, async_op)
+    verify("gather", tensor, group, root=dst if group_dst is None else group_dst)
     source = stage_input(tensor, reduce=False)
     root = _root("dst", dst, group_dst)
     if _is_root(group, dst, group_dst):
@@ -209,6 +214,7 @@ def scatter(
         if scatter_list is not None:
             tensor.copy_(scatter_list[0])
         return _done([tensor], async_op)
+    verify("scatter", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False)
     root = _root("src", src, group_src)
     sources: list[torch.Tensor] | None = None
@@ -242,9 +248,19 @@ def all_to_all_single(
         >>> out
         tensor([1., 2., 3.])
     """
-    if group_size(group) == 1:
+    world_size = group_size(group)
+    if world_size == 1:
         output.copy_(input)
         return _done([output], async_op)
+    rows_in, rows_out = (t.shape[0] if t.dim() else 1 for t in (input, output))
+    even_in, even_out = rows_in // world_size, rows_out // world_size
+    verify(
+        "all_to_all_single",
+        input,
+        group,
+        in_splits=input_split_sizes or [even_in] * world_size,
+        out_splits=output_split_sizes or [even_out] * world_size,
+    )
     wire, copy_back = stage_output(output, reduce=False)
     source = stage_input(input, reduce=False)
     return issue(
@@ -282,6 +298,13 @@ def all_to_all(
     if world_size == 1:
         output_tensor_list[0].copy_(input_tensor_list[0])
         return _done(output_tensor_list, async_op)
+    verify(
+        "all_to_all",
+        input_tensor_list[0],
+        group,
+        in_splits=[item.numel() for item in input_tensor_list],
+        out_splits=[item.numel() for item in output_tensor_list],
+    )
     sources = [stage_input(item, reduce=False).reshape(-1) for item in input_tensor_list]
     flat_in = torch.cat(sources)
     staged = [stage_output(out, reduce=False) for out in output_tensor_list]

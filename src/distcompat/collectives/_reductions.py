@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, rank_in
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
@@ -91,6 +92,7 @@ def all_reduce(
         if plan.factor is not None:
             tensor.mul_(plan.factor)
         return _done([tensor], async_op)
+    verify("all_reduce", tensor, group, reduce_op=op)
     wire, copy_back = stage_output(tensor, reduce=True, fill=True)
     plan.scale_in_place(wire)
     finish = chain(_after(plan, wire), copy_back)
@@ -129,6 +131,7 @@ def reduce(
         if plan.factor is not None:
             tensor.mul_(plan.factor)
         return _done([tensor], async_op)
+    verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
     is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
     target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
     if is_dst:
@@ -223,6 +226,7 @@ def reduce_scatter_tensor(
         if plan.factor is not None:
             output.mul_(plan.factor)
         return _done([output], async_op)
+    verify("reduce_scatter_tensor", input, group, reduce_op=op)
     flat = plan.scaled(stage_input(input, reduce=True)).reshape(-1)
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
 
@@ -253,6 +257,7 @@ def reduce_scatter(
         if plan.factor is not None:
             output.mul_(plan.factor)
         return _done([output], async_op)
+    verify("reduce_scatter", output, group, reduce_op=op)
     flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
     plan.scale_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)

@@ -1,0 +1,162 @@
+"""Object collectives that work without NumPy: pickle to bytes, move uint8 tensors, unpickle.
+
+torch's own ``all_gather_object`` and friends decode with ``tensor.numpy()``, so on a torch
+install without NumPy they fail with "Numpy is not available" (seen on this project's CPU
+machines). These move the same pickled bytes with plain tensor collectives::
+
+    losses = [None] * world_size
+    all_gather_object(losses, {"rank": rank, "loss": loss})
+
+``gather_object`` and ``scatter_object_list`` are built on all-gather and broadcast (every rank
+receives every payload): simple and correct, meant for the small objects they are used for.
+Like torch's, they unpickle what peers send: use them only inside a job you trust.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._group import backend_for, group_size, rank_in
+
+__all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
+
+
+def _device(group: Any) -> torch.device:
+    """CPU unless the group's backend cannot move CPU tensors (NCCL): then the current GPU."""
+    if backend_for(group, torch.device("cpu")) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _encode(obj: Any, device: torch.device) -> torch.Tensor:
+    data = bytearray(pickle.dumps(obj))
+    return torch.frombuffer(data, dtype=torch.uint8).to(device)
+
+
+def _decode(payload: torch.Tensor, size: int) -> Any:
+    host = payload[:size].cpu().contiguous()
+    return pickle.loads(ctypes.string_at(host.data_ptr(), size))  # no NumPy needed
+
+
+def _gather_payloads(obj: Any, group: Any) -> list[Any]:
+    world = group_size(group)
+    device = _device(group)
+    mine = _encode(obj, device)
+    sizes = torch.empty(world, dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, torch.tensor([mine.numel()], device=device), group=group)
+    longest = int(sizes.max())
+    padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+    padded[: mine.numel()] = mine
+    everything = torch.empty(world * longest, dtype=torch.uint8, device=device)
+    dist.all_gather_into_tensor(everything, padded, group=group)
+    rows = everything.view(world, longest)
+    return [_decode(rows[r], int(sizes[r])) for r in range(world)]
+
+
+def _global(group: Any, src: int | None, group_src: int | None) -> int:
+    if group_src is None:
+        if src is None:
+            raise ValueError("name the source rank: src= (global) or group_src= (in the group)")
+        return src
+    return group_src if group is None else dist.get_global_rank(group, group_src)
+
+
+def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+    """Gather picklable ``obj`` from every rank into ``object_list`` (in rank order).
+
+    Example:
+        >>> out = [None]
+        >>> all_gather_object(out, {"loss": 1.5})
+        >>> out
+        [{'loss': 1.5}]
+    """
+    if group_size(group) == 1:
+        object_list[0] = obj
+        return
+    object_list[:] = _gather_payloads(obj, group)
+
+
+def broadcast_object_list(
+    object_list: list[Any],
+    src: int | None = None,
+    group: Any = None,
+    device: torch.device | None = None,
+    group_src: int | None = None,
+) -> None:
+    """Replace ``object_list``'s items with the source rank's, on every rank.
+
+    Example:
+        >>> objs = ["config"]
+        >>> broadcast_object_list(objs, src=0)
+        >>> objs
+        ['config']
+    """
+    if group_size(group) == 1:
+        return
+    root = _global(group, src, group_src)
+    where = device or _device(group)
+    is_root = dist.get_rank() == root
+    payload = _encode(list(object_list), where) if is_root else None
+    size = torch.tensor([payload.numel() if payload is not None else 0], device=where)
+    dist.broadcast(size, src=root, group=group)
+    buffer = (
+        payload if payload is not None else torch.empty(int(size), dtype=torch.uint8, device=where)
+    )
+    dist.broadcast(buffer, src=root, group=group)
+    object_list[:] = _decode(buffer, int(size))
+
+
+def gather_object(
+    obj: Any,
+    object_gather_list: list[Any] | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    group_dst: int | None = None,
+) -> None:
+    """Gather picklable objects into ``object_gather_list`` on the destination rank.
+
+    Example:
+        >>> out = [None]
+        >>> gather_object(3, out, dst=0)
+        >>> out
+        [3]
+    """
+    if group_size(group) == 1:
+        if object_gather_list is not None:
+            object_gather_list[0] = obj
+        return
+    everything = _gather_payloads(obj, group)
+    is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
+    if is_dst:
+        if object_gather_list is None:
+            raise ValueError("the destination rank needs an object_gather_list")
+        object_gather_list[:] = everything
+
+
+def scatter_object_list(
+    scatter_object_output_list: list[Any],
+    scatter_object_input_list: list[Any] | None = None,
+    src: int | None = None,
+    group: Any = None,
+    group_src: int | None = None,
+) -> None:
+    """Send item r of the source's ``scatter_object_input_list`` to rank r (into output[0]).
+
+    Example:
+        >>> out = [None]
+        >>> scatter_object_list(out, ["mine"], src=0)
+        >>> out
+        ['mine']
+    """
+    if group_size(group) == 1:
+        if scatter_object_input_list is not None:
+            scatter_object_output_list[0] = scatter_object_input_list[0]
+        return
+    items = list(scatter_object_input_list or [])
+    broadcast_object_list(items, src=src, group=group, group_src=group_src)
+    scatter_object_output_list[0] = items[rank_in(group)]
