@@ -89,8 +89,7 @@ def all_reduce(
     world_size = group_size(group)
     plan = _plan(op, tensor, group, world_size)
     if world_size == 1:
-        if plan.factor is not None:
-            tensor.mul_(plan.factor)
+        plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return _done([tensor], async_op)
     verify("all_reduce", tensor, group, reduce_op=op)
     wire, copy_back = stage_output(tensor, reduce=True, fill=True)
@@ -128,8 +127,7 @@ def reduce(
     world_size = group_size(group)
     plan = _plan(op, tensor, group, world_size)
     if world_size == 1:
-        if plan.factor is not None:
-            tensor.mul_(plan.factor)
+        plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return _done([tensor], async_op)
     verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
     is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
@@ -223,8 +221,7 @@ def reduce_scatter_tensor(
     plan = _plan(op, input, group, world_size)
     if world_size == 1:
         output.copy_(input.reshape(output.shape))
-        if plan.factor is not None:
-            output.mul_(plan.factor)
+        plan.scale_in_place(output)
         return _done([output], async_op)
     verify("reduce_scatter_tensor", input, group, reduce_op=op)
     flat = plan.scaled(stage_input(input, reduce=True)).reshape(-1)
@@ -254,8 +251,7 @@ def reduce_scatter(
     plan = _plan(op, output, group, world_size)
     if world_size == 1:
         output.copy_(input_list[0].reshape(output.shape))
-        if plan.factor is not None:
-            output.mul_(plan.factor)
+        plan.scale_in_place(output)
         return _done([output], async_op)
     verify("reduce_scatter", output, group, reduce_op=op)
     flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])

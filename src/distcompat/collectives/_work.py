@@ -105,14 +105,8 @@ class CompatWork:
             return cls(future, "worker", work)
 
         def complete(done: torch.futures.Future[Any]) -> None:
-            try:
-                done.wait()  # raises the op's error; a callback that skips this loses it
-                if finish is not None:
-                    finish()
-            except BaseException as exc:
-                future.set_exception(translate(exc, op, group))
-            else:
-                future.set_result(result)
+            # done.wait() raises the op's error; a callback that skipped it would lose it
+            _settle(done.wait, finish, future, result, op, group)
 
         native.add_done_callback(complete)
         return cls(future, "native", work)
@@ -151,6 +145,28 @@ class CompatWork:
         return None
 
 
+def _settle(
+    wait: Callable[[], Any],
+    finish: Finish | None,
+    future: torch.futures.Future[Any],
+    result: Any,
+    op: str,
+    group: Any,
+) -> None:
+    """Wait for the op, post-process it, and complete ``future`` with its result or typed error.
+
+    Post-processing never runs on a failed op.
+    """
+    try:
+        wait()
+        if finish is not None:
+            finish()
+    except BaseException as exc:
+        future.set_exception(translate(exc, op, group))
+    else:
+        future.set_result(result)
+
+
 class _GroupWorker:
     """One daemon thread that completes a group's future-less Works, in issue order."""
 
@@ -172,14 +188,7 @@ class _GroupWorker:
             if item is None:
                 return
             work, future, result, finish, op, group = item
-            try:
-                work.wait()
-                if finish is not None:
-                    finish()
-            except BaseException as exc:
-                future.set_exception(translate(exc, op, group))
-            else:
-                future.set_result(result)
+            _settle(work.wait, finish, future, result, op, group)
 
 
 _workers: weakref.WeakKeyDictionary[Any, _GroupWorker] = weakref.WeakKeyDictionary()
