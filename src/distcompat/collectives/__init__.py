@@ -20,6 +20,7 @@ What every function here guarantees, on gloo as on NCCL:
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
 
+from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
@@ -27,8 +28,6 @@ from distcompat.collectives._group import NotInGroupError
 from distcompat.collectives._movement import (
     all_gather,
     all_gather_into_tensor,
-    all_to_all,
-    all_to_all_single,
     broadcast,
     gather,
     scatter,

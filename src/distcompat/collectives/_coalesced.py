@@ -12,14 +12,14 @@ distcompat collective (so every shim applies), then copied back into the caller'
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reductions import all_reduce, reduce_scatter_tensor
-from distcompat.collectives._work import CompatFuture, CompatWork
+from distcompat.collectives._work import CompatFuture, CompatWork, done_if_async
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]
 
@@ -53,6 +53,34 @@ def _join(handles: list[CompatWork], finish: Any, result: Any) -> CompatWork:
     return CompatWork(future, strategy, handles)
 
 
+@overload
+def all_reduce_coalesced(
+    tensors: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def all_reduce_coalesced(
+    tensors: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def all_reduce_coalesced(
+    tensors: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
+
+
 def all_reduce_coalesced(
     tensors: Sequence[torch.Tensor], op: Any = R.SUM, group: Any = None, async_op: bool = False
 ) -> CompatWork | None:
@@ -65,7 +93,7 @@ def all_reduce_coalesced(
         (tensor([1., 1.]), tensor([3]))
     """
     if not tensors:
-        return CompatWork.completed([]) if async_op else None
+        return done_if_async([], async_op)
     buckets = _buckets(tensors)
     flats = [torch.cat([tensors[i].reshape(-1) for i in bucket]) for bucket in buckets]
 
@@ -80,6 +108,37 @@ def all_reduce_coalesced(
         copy_back()
         return None
     return _join([h for h in handles if h is not None], copy_back, list(tensors))
+
+
+@overload
+def reduce_scatter_coalesced(
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def reduce_scatter_coalesced(
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def reduce_scatter_coalesced(
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
 
 
 def reduce_scatter_coalesced(
@@ -111,7 +170,7 @@ def reduce_scatter_coalesced(
         if inp.dtype != out.dtype:
             raise ValueError(f"inputs[{index}] is {inp.dtype} but outputs[{index}] is {out.dtype}")
     if not outputs:
-        return CompatWork.completed([]) if async_op else None
+        return done_if_async([], async_op)
     buckets = _buckets(outputs)
     # Lay each bucket's input out rank-major: chunk r of every tensor, then chunk r+1, ...
     flat_ins = [

@@ -1,17 +1,16 @@
-"""Data movement: broadcast, all_gather(_into_tensor), gather, scatter, all_to_all(_single).
+"""Data movement: broadcast, all_gather, all_gather_into_tensor, gather, scatter.
 
 Every tensor is staged contiguous (gloo silently corrupts transposed, strided and channels_last
-scatter / all_to_all_single outputs), complex goes as its real view (gloo's gather refuses
-complex), and dtypes a backend cannot move go as raw bytes. ``all_to_all`` of uneven tensors,
-which gloo refuses, is done as one ``all_to_all_single`` over the concatenation::
+scatter outputs), complex goes as its real view (gloo's gather refuses complex), and dtypes a
+backend cannot move go as raw bytes::
 
-    all_to_all(outputs, inputs)          # any sizes, any backend
+    gather(torch.ones(2, dtype=torch.complex64), out, dst=0)   # gloo alone refuses complex
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.distributed as dist
@@ -20,21 +19,9 @@ from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, rank_in
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, done_if_async
 
-__all__ = [
-    "all_gather",
-    "all_gather_into_tensor",
-    "all_to_all",
-    "all_to_all_single",
-    "broadcast",
-    "gather",
-    "scatter",
-]
-
-
-def _done(result: Any, async_op: bool) -> CompatWork | None:
-    return CompatWork.completed(result) if async_op else None
+__all__ = ["all_gather", "all_gather_into_tensor", "broadcast", "gather", "scatter"]
 
 
 def _is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
@@ -45,6 +32,37 @@ def _is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
 
 def _root(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
     return {f"group_{name}": group_rank} if group_rank is not None else {name: rank}
+
+
+@overload
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+    group_src: int | None = ...,
+) -> None: ...
+
+
+@overload
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+    group_src: int | None = ...,
+) -> CompatWork: ...
+
+
+@overload
+def broadcast(
+    tensor: torch.Tensor,
+    src: int | None = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+    group_src: int | None = ...,
+) -> CompatWork | None: ...
 
 
 def broadcast(
@@ -63,7 +81,7 @@ def broadcast(
         tensor([0., 1., 2., 3.])
     """
     if group_size(group) == 1:
-        return _done([tensor], async_op)
+        return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False, fill=True)
     root = _root("src", src, group_src)
@@ -75,6 +93,34 @@ def broadcast(
         copy_back,
         async_op,
     )
+
+
+@overload
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
 
 
 def all_gather(
@@ -96,7 +142,7 @@ def all_gather(
         raise ValueError(f"tensor_list has {len(tensor_list)} tensors; the group has {world_size}")
     if world_size == 1:
         tensor_list[0].copy_(tensor)
-        return _done(tensor_list, async_op)
+        return done_if_async(tensor_list, async_op)
     verify("all_gather", tensor, group)
     staged = [stage_output(out, reduce=False) for out in tensor_list]
     wires = [wire for wire, _ in staged]
@@ -109,6 +155,34 @@ def all_gather(
         chain(*(finish for _, finish in staged)),
         async_op,
     )
+
+
+@overload
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def all_gather_into_tensor(
+    output_tensor: torch.Tensor,
+    input_tensor: torch.Tensor,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
 
 
 def all_gather_into_tensor(
@@ -136,7 +210,7 @@ def all_gather_into_tensor(
         )
     if world_size == 1:
         output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
-        return _done([output_tensor], async_op)
+        return done_if_async([output_tensor], async_op)
     verify("all_gather_into_tensor", input_tensor, group)
     wire, copy_back = stage_output(output_tensor, reduce=False)
     source = stage_input(input_tensor, reduce=False).reshape(-1)
@@ -149,6 +223,40 @@ def all_gather_into_tensor(
         copy_back,
         async_op,
     )
+
+
+@overload
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = ...,
+    dst: int | None = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+    group_dst: int | None = ...,
+) -> None: ...
+
+
+@overload
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = ...,
+    dst: int | None = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+    group_dst: int | None = ...,
+) -> CompatWork: ...
+
+
+@overload
+def gather(
+    tensor: torch.Tensor,
+    gather_list: list[torch.Tensor] | None = ...,
+    dst: int | None = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+    group_dst: int | None = ...,
+) -> CompatWork | None: ...
 
 
 def gather(
@@ -171,7 +279,7 @@ def gather(
     if world_size == 1:
         if gather_list is not None:
             gather_list[0].copy_(tensor)
-        return _done(gather_list, async_op)
+        return done_if_async(gather_list, async_op)
     verify("gather", tensor, group, root=dst if group_dst is None else group_dst)
     source = stage_input(tensor, reduce=False)
     root = _root("dst", dst, group_dst)
@@ -191,6 +299,40 @@ def gather(
         finish,
         async_op,
     )
+
+
+@overload
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = ...,
+    src: int | None = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+    group_src: int | None = ...,
+) -> None: ...
+
+
+@overload
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = ...,
+    src: int | None = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+    group_src: int | None = ...,
+) -> CompatWork: ...
+
+
+@overload
+def scatter(
+    tensor: torch.Tensor,
+    scatter_list: Sequence[torch.Tensor] | None = ...,
+    src: int | None = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+    group_src: int | None = ...,
+) -> CompatWork | None: ...
 
 
 def scatter(
@@ -213,7 +355,7 @@ def scatter(
     if world_size == 1:
         if scatter_list is not None:
             tensor.copy_(scatter_list[0])
-        return _done([tensor], async_op)
+        return done_if_async([tensor], async_op)
     verify("scatter", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False)
     root = _root("src", src, group_src)
@@ -228,106 +370,5 @@ def scatter(
         group,
         [tensor],
         copy_back,
-        async_op,
-    )
-
-
-def all_to_all_single(
-    output: torch.Tensor,
-    input: torch.Tensor,  # torch's name for it
-    output_split_sizes: list[int] | None = None,
-    input_split_sizes: list[int] | None = None,
-    group: Any = None,
-    async_op: bool = False,
-) -> CompatWork | None:
-    """Split ``input`` along dim 0 (evenly, or by ``input_split_sizes``) and exchange the pieces.
-
-    Example:
-        >>> out = torch.empty(3)
-        >>> all_to_all_single(out, torch.tensor([1.0, 2.0, 3.0]))
-        >>> out
-        tensor([1., 2., 3.])
-    """
-    world_size = group_size(group)
-    if world_size == 1:
-        output.copy_(input)
-        return _done([output], async_op)
-    rows_in, rows_out = (t.shape[0] if t.dim() else 1 for t in (input, output))
-    even_in, even_out = rows_in // world_size, rows_out // world_size
-    verify(
-        "all_to_all_single",
-        input,
-        group,
-        in_splits=input_split_sizes or [even_in] * world_size,
-        out_splits=output_split_sizes or [even_out] * world_size,
-    )
-    wire, copy_back = stage_output(output, reduce=False)
-    source = stage_input(input, reduce=False)
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(
-            wire, source, output_split_sizes, input_split_sizes, group=group, async_op=a
-        ),
-        group,
-        [output],
-        copy_back,
-        async_op,
-    )
-
-
-def all_to_all(
-    output_tensor_list: list[torch.Tensor],
-    input_tensor_list: list[torch.Tensor],
-    group: Any = None,
-    async_op: bool = False,
-) -> CompatWork | None:
-    """Send ``input_tensor_list[r]`` to rank r and receive rank r's into ``output_tensor_list[r]``.
-
-    Sizes may differ per rank (gloo refuses that natively).
-
-    Example:
-        >>> out = [torch.empty(2)]
-        >>> all_to_all(out, [torch.tensor([7.0, 8.0])])
-        >>> out
-        [tensor([7., 8.])]
-    """
-    world_size = group_size(group)
-    for name, items in (("output", output_tensor_list), ("input", input_tensor_list)):
-        if len(items) != world_size:
-            raise ValueError(f"{name}_tensor_list has {len(items)} tensors; group has {world_size}")
-    if world_size == 1:
-        output_tensor_list[0].copy_(input_tensor_list[0])
-        return _done(output_tensor_list, async_op)
-    verify(
-        "all_to_all",
-        input_tensor_list[0],
-        group,
-        in_splits=[item.numel() for item in input_tensor_list],
-        out_splits=[item.numel() for item in output_tensor_list],
-    )
-    sources = [stage_input(item, reduce=False).reshape(-1) for item in input_tensor_list]
-    flat_in = torch.cat(sources)
-    staged = [stage_output(out, reduce=False) for out in output_tensor_list]
-    out_flats = [wire.view(-1) for wire, _ in staged]
-    flat_out = torch.empty(
-        sum(w.numel() for w in out_flats), dtype=flat_in.dtype, device=flat_in.device
-    )
-    in_splits = [piece.numel() for piece in sources]
-    out_splits = [piece.numel() for piece in out_flats]
-
-    def unpack() -> None:
-        for piece, target in zip(torch.split(flat_out, out_splits), out_flats, strict=True):
-            target.copy_(piece)
-        for _, finish in staged:
-            finish()
-
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(
-            flat_out, flat_in, out_splits, in_splits, group=group, async_op=a
-        ),
-        group,
-        output_tensor_list,
-        unpack,
         async_op,
     )

@@ -7,7 +7,7 @@ other async op. Tensors are staged contiguous (gloo refuses non-contiguous ones)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.distributed as dist
@@ -17,7 +17,7 @@ from distcompat.collectives._errors import typed_errors
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import stage_input, stage_output
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["NoPeerError", "barrier", "irecv", "isend", "recv", "send"]
 
@@ -95,6 +95,31 @@ def irecv(
     return CompatWork.from_work(work, group, [tensor], copy_back, op="irecv")
 
 
+@overload
+def barrier(
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+    device_ids: list[int] | None = ...,
+) -> None: ...
+
+
+@overload
+def barrier(
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+    device_ids: list[int] | None = ...,
+) -> CompatWork: ...
+
+
+@overload
+def barrier(
+    group: Any = ...,
+    async_op: bool = ...,
+    device_ids: list[int] | None = ...,
+) -> CompatWork | None: ...
+
+
 def barrier(
     group: Any = None, async_op: bool = False, device_ids: list[int] | None = None
 ) -> CompatWork | None:
@@ -104,7 +129,7 @@ def barrier(
         >>> barrier()
     """
     if group_size(group) == 1:
-        return CompatWork.completed(None) if async_op else None
+        return done_if_async(None, async_op)
     verify("barrier", None, group)
     return issue(
         "barrier",

@@ -16,7 +16,7 @@ on 1 MB and 64 MB, a native future on gloo (whose reduce_scatter has none), and 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,7 @@ from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, rank_in
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["all_reduce", "issue", "reduce", "reduce_scatter", "reduce_scatter_tensor"]
 
@@ -57,10 +57,6 @@ def issue(
     return CompatWork.from_work(work, group, result, finish, op=op)
 
 
-def _done(result: Any, async_op: bool) -> CompatWork | None:
-    return CompatWork.completed(result) if async_op else None
-
-
 def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReducePlan:
     fast = plan_fast(op, tensor.dtype)
     if fast is not None:
@@ -73,6 +69,34 @@ def _after(plan: ReducePlan, wire: torch.Tensor) -> Finish | None:
     if plan.divide_by is None and not plan.parity:
         return None
     return lambda: plan.finish(wire)
+
+
+@overload
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def all_reduce(
+    tensor: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
 
 
 def all_reduce(
@@ -90,7 +114,7 @@ def all_reduce(
     plan = _plan(op, tensor, group, world_size)
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
-        return _done([tensor], async_op)
+        return done_if_async([tensor], async_op)
     verify("all_reduce", tensor, group, reduce_op=op)
     wire, copy_back = stage_output(tensor, reduce=True, fill=True)
     plan.scale_in_place(wire)
@@ -103,6 +127,40 @@ def all_reduce(
         finish,
         async_op,
     )
+
+
+@overload
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = ...,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+    group_dst: int | None = ...,
+) -> None: ...
+
+
+@overload
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = ...,
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+    group_dst: int | None = ...,
+) -> CompatWork: ...
+
+
+@overload
+def reduce(
+    tensor: torch.Tensor,
+    dst: int | None = ...,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+    group_dst: int | None = ...,
+) -> CompatWork | None: ...
 
 
 def reduce(
@@ -128,7 +186,7 @@ def reduce(
     plan = _plan(op, tensor, group, world_size)
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
-        return _done([tensor], async_op)
+        return done_if_async([tensor], async_op)
     verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
     is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
     target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
@@ -199,6 +257,37 @@ def _reduce_scatter_flat(
     )
 
 
+@overload
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def reduce_scatter_tensor(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
+
+
 def reduce_scatter_tensor(
     output: torch.Tensor,
     input: torch.Tensor,  # torch's name for it
@@ -222,10 +311,41 @@ def reduce_scatter_tensor(
     if world_size == 1:
         output.copy_(input.reshape(output.shape))
         plan.scale_in_place(output)
-        return _done([output], async_op)
+        return done_if_async([output], async_op)
     verify("reduce_scatter_tensor", input, group, reduce_op=op)
     flat = plan.scaled(stage_input(input, reduce=True)).reshape(-1)
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
+
+
+@overload
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: Literal[False] = ...,
+) -> None: ...
+
+
+@overload
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    *,
+    async_op: Literal[True],
+) -> CompatWork: ...
+
+
+@overload
+def reduce_scatter(
+    output: torch.Tensor,
+    input_list: Sequence[torch.Tensor],
+    op: Any = ...,
+    group: Any = ...,
+    async_op: bool = ...,
+) -> CompatWork | None: ...
 
 
 def reduce_scatter(
@@ -252,7 +372,7 @@ def reduce_scatter(
     if world_size == 1:
         output.copy_(input_list[0].reshape(output.shape))
         plan.scale_in_place(output)
-        return _done([output], async_op)
+        return done_if_async([output], async_op)
     verify("reduce_scatter", output, group, reduce_op=op)
     flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
     plan.scale_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._errors import translate
 
-__all__ = ["CompatFuture", "CompatWork", "Strategy"]
+__all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async"]
 
 Strategy = Literal["native", "worker", "done"]
 Finish = Callable[[], Any]
@@ -145,6 +145,11 @@ class CompatWork:
         return None
 
 
+def done_if_async(result: Any, async_op: bool) -> CompatWork | None:
+    """Return a completed handle for an op that sent nothing, or None for a sync call."""
+    return CompatWork.completed(result) if async_op else None
+
+
 def _settle(
     wait: Callable[[], Any],
     finish: Finish | None,
@@ -189,6 +194,9 @@ class _GroupWorker:
                 return
             work, future, result, finish, op, group = item
             _settle(work.wait, finish, future, result, op, group)
+            # Hold no backend Work while idle: one still referenced from this daemon thread is
+            # destroyed during interpreter teardown, which can end in C++ std::terminate.
+            del item, work, future, result, finish, group
 
 
 _workers: weakref.WeakKeyDictionary[Any, _GroupWorker] = weakref.WeakKeyDictionary()

@@ -71,6 +71,21 @@ def worker_main(
 def _serve(conn: Connection, backend: str, group_timeout_s: float, parent: int) -> None:
     import torch.distributed as dist
 
+    from distcompat.process_group import destroy_distributed
+
+    try:
+        _loop(conn, backend, group_timeout_s, parent)
+    finally:
+        # Exiting with a live gloo group can end in C++ "terminate called without an active
+        # exception" while its threads are torn down; leave cleanly instead.
+        destroy_distributed()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _loop(conn: Connection, backend: str, group_timeout_s: float, parent: int) -> None:
+    import torch.distributed as dist
+
     from distcompat.process_group import destroy_distributed, init_distributed
 
     device = "cpu" if backend == "gloo" else "auto"
