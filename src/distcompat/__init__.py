@@ -13,6 +13,14 @@ from importlib.metadata import PackageNotFoundError, version
 
 from distcompat._capabilities import Capabilities, capabilities
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
+from distcompat.attention import (
+    AttentionConfigError,
+    AttentionDecision,
+    AttentionInputError,
+    AttentionUnavailableError,
+    attend,
+    explain_attention,
+)
 from distcompat.checkpoint import (
     AsyncCheckpointer,
     CheckpointCorruptError,
@@ -81,6 +89,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 # distcompat.collectives.barrier(async_op=True).
 __all__ = [
     "AsyncCheckpointer",
+    "AttentionConfigError",
+    "AttentionDecision",
+    "AttentionInputError",
+    "AttentionUnavailableError",
     "BackendUnavailableError",
     "Capabilities",
     "CheckpointCorruptError",
@@ -110,12 +122,14 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "atomic_save",
+    "attend",
     "barrier",
     "broadcast",
     "broadcast_object_list",
     "capabilities",
     "destroy_distributed",
     "distributed_session",
+    "explain_attention",
     "gather",
     "gather_object",
     "get_local_rank",

@@ -1,0 +1,145 @@
+"""Time each CPU attention implementation and the dispatched choice, plus dispatch overhead.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_attention.py               # B4 H8 T1024 D64, >= 5 rounds
+    .venv/bin/python benchmarks/bench_attention.py --seq 256 --rounds 5 --no-flex
+
+Cases: causal, sliding window (255, 0), GQA 4:1 causal, decode (Tq = 1 against Tk keys). Each
+implementation is forced with DISTCOMPAT_ATTENTION; ``auto`` is the dispatched choice. Runs are
+interleaved (every implementation once per round, in a rotating order) so load drift hits all;
+the table shows the best round of each (least disturbed by other load). flex has no backward
+on CPU, so it is timed forward only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import torch
+
+from distcompat.attention import attend, explain_attention
+
+Case = tuple[str, int, int, int, bool, tuple[int, int] | None]  # name, Hkv, Tq, Tk, causal, window
+
+
+def cases(heads: int, seq: int) -> list[Case]:
+    return [
+        ("causal", heads, seq, seq, True, None),
+        ("window 255", heads, seq, seq, True, (255, 0)),
+        ("GQA 4:1", heads // 4, seq, seq, True, None),
+        ("decode", heads, 1, seq, True, None),
+    ]
+
+
+def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Matmul, mask, softmax, matmul in the input dtype: the baseline everyone writes first."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
+    if causal:
+        tq, tk = scores.shape[-2:]
+        keep = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+        scores = scores.masked_fill(~keep, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def timed(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backward: bool) -> None:
+    name, hkv, tq, tk, causal, window = case
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(args.batch, args.heads, tq, args.dim, generator=gen).to(dtype)
+    k, v = (torch.randn(args.batch, hkv, tk, args.dim, generator=gen).to(dtype) for _ in range(2))
+    if backward:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+    impls = ["auto", "sdpa", "math"] + ([] if backward or args.no_flex else ["flex"])
+    if window is None:
+        impls.append("naive")
+
+    def run(impl: str) -> None:
+        if impl == "naive":
+            out = naive(q, k, v, causal)
+        else:
+            os.environ["DISTCOMPAT_ATTENTION"] = impl
+            out = attend(q, k, v, causal=causal, window=window)
+        if backward:
+            out.sum().backward()  # type: ignore[no-untyped-call]
+
+    times: dict[str, list[float]] = {impl: [] for impl in impls}
+    # Warm-up (flex builds its block mask, caches fill); fast cases get more rounds so that
+    # every implementation gets about half a second of samples.
+    for impl in impls:
+        run(impl)
+    slowest = max(timed(lambda impl=impl: run(impl)) for impl in impls)  # type: ignore[misc]
+    for round_ in range(min(200, max(args.rounds, int(0.5 / slowest)))):
+        shift = round_ % len(impls)  # rotate the order: no implementation always runs first
+        for impl in impls[shift:] + impls[:shift]:
+            times[impl].append(timed(lambda impl=impl: run(impl)))  # type: ignore[misc]
+    os.environ.pop("DISTCOMPAT_ATTENTION", None)
+    # The minimum over rounds: the run least disturbed by other load on a shared host.
+    best_ms = {impl: min(ts) * 1e3 for impl, ts in times.items()}
+    best = min(ms for impl, ms in best_ms.items() if impl not in ("auto", "naive"))
+    chosen = explain_attention(q, k, v, causal=causal, window=window).impl
+    cells = " | ".join(f"{best_ms[i]:.1f}" if i in best_ms else "-" for i in COLUMNS)
+    mode = "fwd+bwd" if backward else "fwd"
+    dt = str(dtype).removeprefix("torch.")
+    pick = best / best_ms[chosen]  # quality of the choice, free of dispatch cost and noise in auto
+    ratios = f"{pick:.2f}x | {best / best_ms['auto']:.2f}x"
+    print(f"| {name} | {dt} | {mode} | {cells} | {chosen} | {ratios} |")
+
+
+COLUMNS = ("auto", "sdpa", "math", "flex", "naive")
+
+
+def dispatch_overhead(calls: int) -> None:
+    q = torch.randn(1, 2, 4, 8)
+    explain_attention(q, q, q, causal=True)  # warm the cache
+    start = time.perf_counter()
+    for _ in range(calls):
+        explain_attention(q, q, q, causal=True)
+    per_call = (time.perf_counter() - start) / calls * 1e6
+    direct = min(
+        timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
+        for _ in range(calls)
+    )
+    full = min(timed(lambda: attend(q, q, q, causal=True)) for _ in range(calls))
+    print(f"\nwarm dispatch (signature + cached decision): {per_call:.1f} us per call")
+    print(f"tiny attend() {full * 1e6:.1f} us vs direct SDPA {direct * 1e6:.1f} us", end="")
+    print(f" (best of {calls})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-flex", action="store_true", help="skip eager flex (slow on CPU)")
+    parser.add_argument("--dispatch-calls", type=int, default=20000)
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ms (best of rounds)")
+    print(f"B{args.batch} H{args.heads} T{args.seq} D{args.dim}, at least {args.rounds} rounds\n")
+    print(
+        "| case | dtype | pass | "
+        + " | ".join(COLUMNS)
+        + " | auto chose | best/chosen | best/auto |"
+    )
+    print("|---" * (len(COLUMNS) + 6) + "|")
+    for backward in (False, True):
+        for dtype in (torch.float32, torch.bfloat16):
+            for case in cases(args.heads, args.seq):
+                bench_case(case, dtype, args, backward)
+    dispatch_overhead(args.dispatch_calls)
+
+
+if __name__ == "__main__":
+    main()
