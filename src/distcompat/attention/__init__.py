@@ -105,8 +105,8 @@ def explain_attention(
         >>> decision = explain_attention(q, q, q, causal=True)
         >>> decision.impl, decision.reason
         ('sdpa', 'SDPA is_causal=True (causal, Tq == Tk: no mask needed)')
-        >>> [r.impl for r in decision.rejected]
-        ['fa3', 'fa4', 'fa2', 'flex', 'math']
+        >>> ", ".join(r.impl for r in decision.rejected)
+        'fa3, fa4, fa2, flex, math'
     """
     del scale  # does not influence the choice
     qb, kb, vb = to_bhtd(q, layout), to_bhtd(k, layout), to_bhtd(v, layout)
