@@ -87,7 +87,7 @@ def place(logical: torch.Tensor, layout: str) -> Placed:
     if layout == "transposed" and logical.dim() == 2:
         tensor = logical.t().contiguous().t()
     elif layout == "strided" and logical.dim() == 2:
-        base = torch.zeros(logical.shape[0], 2 * logical.shape[1], dtype=logical.dtype)
+        base = torch.empty(logical.shape[0], 2 * logical.shape[1], dtype=logical.dtype)
         base.view(torch.uint8).fill_(0x5A)  # a sentinel pattern outside the view
         tensor = base[:, ::2]
         tensor.copy_(logical)
@@ -99,8 +99,25 @@ def place(logical: torch.Tensor, layout: str) -> Placed:
     return Placed(tensor, tensor, tensor.clone())
 
 
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros of any dtype (torch 2.4 cannot fill fp8 directly)."""
+    return torch.zeros(shape).to(dtype)
+
+
+def _premul(factor: float) -> Any:
+    try:
+        return R.PREMUL_SUM(factor)  # callable from torch 2.13
+    except TypeError:
+        return dist._make_nccl_premul_sum(factor)
+
+
+#: Whether this torch's PREMUL_SUM op exposes its factor (it does from 2.13); off NCCL,
+#: distcompat can only emulate PREMUL_SUM when it can read the factor.
+PREMUL_READABLE = getattr(_premul(2.0), "factor", None) is not None
+
+
 def reduce_op(name: str) -> Any:
-    return R.PREMUL_SUM(2.0) if name == "PREMUL_SUM" else getattr(R, name)
+    return _premul(2.0) if name == "PREMUL_SUM" else getattr(R, name)
 
 
 def reference(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
@@ -152,6 +169,8 @@ def same(actual: torch.Tensor, expected_wide: torch.Tensor, op: str) -> bool:
 
 def reduction_is_defined(dtype: torch.dtype, op: str) -> bool:
     """Whether distcompat promises a correct result (else UnsupportedCollectiveError)."""
+    if op == "PREMUL_SUM" and not PREMUL_READABLE:
+        return False
     if dtype == torch.bool:
         return op not in ("AVG", "PREMUL_SUM")
     if dtype.is_complex:
@@ -226,7 +245,7 @@ def _case_reduce_scatter_tensor(
     out_shape, in_shape = _scatter_shapes(case.layout, world)
     xs = _inputs(case, world, in_shape, dtype)
     source = place(xs[rank], case.layout)
-    out = place(torch.zeros(out_shape, dtype=dtype), case.out)
+    out = place(zeros(out_shape, dtype), case.out)
     C.reduce_scatter_tensor(out.tensor, source.tensor, op=reduce_op(case.op))
     expected = reference(xs, case.op).reshape(world, -1)[rank].reshape(out_shape)
     if not torch.equal(source.tensor, xs[rank]):
@@ -238,7 +257,7 @@ def _case_reduce_scatter(case: Case, rank: int, world: int, dtype: torch.dtype) 
     out_shape, in_shape = _scatter_shapes(case.layout, world)
     xs = _inputs(case, world, in_shape, dtype)
     pieces = [place(p.reshape(out_shape), case.layout) for p in xs[rank].reshape(world, -1)]
-    out = place(torch.zeros(out_shape, dtype=dtype), case.out)
+    out = place(zeros(out_shape, dtype), case.out)
     C.reduce_scatter(out.tensor, [p.tensor for p in pieces], op=reduce_op(case.op))
     expected = reference(xs, case.op).reshape(world, -1)[rank].reshape(out_shape)
     return _check(out, expected, case.op, "reduce_scatter")
@@ -247,7 +266,7 @@ def _case_reduce_scatter(case: Case, rank: int, world: int, dtype: torch.dtype) 
 def _case_all_gather(case: Case, rank: int, world: int, dtype: torch.dtype) -> str | None:
     shape = _shape(case.layout, 2)
     xs = _inputs(case, world, shape, dtype)
-    outs = [place(torch.zeros(shape, dtype=dtype), case.out) for _ in range(world)]
+    outs = [place(zeros(shape, dtype), case.out) for _ in range(world)]
     C.all_gather([o.tensor for o in outs], place(xs[rank], case.layout).tensor)
     problems = [_check(o, xs[r], "SUM", f"all_gather[{r}]") for r, o in enumerate(outs)]
     return next((p for p in problems if p), None)
@@ -258,7 +277,7 @@ def _case_all_gather_into_tensor(
 ) -> str | None:
     in_shape, out_shape = _scatter_shapes(case.layout, world)
     xs = _inputs(case, world, in_shape, dtype)
-    out = place(torch.zeros(out_shape, dtype=dtype), case.out)
+    out = place(zeros(out_shape, dtype), case.out)
     C.all_gather_into_tensor(out.tensor, place(xs[rank], case.layout).tensor)
     return _check(out, torch.cat([x.reshape(-1) for x in xs]).reshape(out_shape), "SUM", "agit")
 
@@ -266,7 +285,7 @@ def _case_all_gather_into_tensor(
 def _case_gather(case: Case, rank: int, world: int, dtype: torch.dtype) -> str | None:
     shape = _shape(case.layout, 2)
     xs = _inputs(case, world, shape, dtype)
-    outs = [place(torch.zeros(shape, dtype=dtype), case.out) for _ in range(world)]
+    outs = [place(zeros(shape, dtype), case.out) for _ in range(world)]
     C.gather(
         place(xs[rank], case.layout).tensor, [o.tensor for o in outs] if rank == 0 else None, dst=0
     )
@@ -279,7 +298,7 @@ def _case_gather(case: Case, rank: int, world: int, dtype: torch.dtype) -> str |
 def _case_scatter(case: Case, rank: int, world: int, dtype: torch.dtype) -> str | None:
     shape = _shape(case.layout, 2)
     xs = _inputs(case, world, shape, dtype)
-    out = place(torch.zeros(shape, dtype=dtype), case.out)
+    out = place(zeros(shape, dtype), case.out)
     sources = [place(x, case.layout).tensor for x in xs] if rank == 0 else None
     C.scatter(out.tensor, sources, src=0)
     return _check(out, xs[rank], "SUM", "scatter")
@@ -299,7 +318,7 @@ def _case_all_to_all_single(case: Case, rank: int, world: int, dtype: torch.dtyp
         values(case.seed, r, (sum(_rows_between(r, j) for j in range(world)), width), dtype)
         for r in range(world)
     ]
-    out = place(torch.zeros(sum(got), width, dtype=dtype), case.out)
+    out = place(zeros((sum(got), width), dtype), case.out)
     C.all_to_all_single(out.tensor, place(xs[rank], case.layout).tensor, got, sent)
     pieces = []
     for j in range(world):
@@ -314,10 +333,7 @@ def _case_all_to_all(case: Case, rank: int, world: int, dtype: torch.dtype) -> s
     def piece(src: int, dst: int) -> torch.Tensor:
         return values(case.seed * 7 + dst, src, (_rows_between(src, dst), width), dtype)
 
-    outs = [
-        place(torch.zeros(_rows_between(j, rank), width, dtype=dtype), case.out)
-        for j in range(world)
-    ]
+    outs = [place(zeros((_rows_between(j, rank), width), dtype), case.out) for j in range(world)]
     ins = [place(piece(rank, j), case.layout).tensor for j in range(world)]
     C.all_to_all([o.tensor for o in outs], ins)
     problems = [_check(o, piece(j, rank), "SUM", f"all_to_all[{j}]") for j, o in enumerate(outs)]

@@ -146,7 +146,7 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
         >>> import pathlib, tempfile, torch
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     atomic_save({"w": torch.ones(2)}, pathlib.Path(tmp, "model.pt"))
-        ...     torch.load(pathlib.Path(tmp, "model.pt"))["w"]
+        ...     torch.load(pathlib.Path(tmp, "model.pt"), weights_only=True)["w"]
         tensor([1., 1.])
     """
     with _atomic_path(Path(path)) as tmp:

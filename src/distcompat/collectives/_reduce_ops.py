@@ -132,6 +132,11 @@ def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str
             )
         if backend == "nccl" and compute == dtype and not compute.is_complex:
             return ReducePlan(op)
+        if factor is None:
+            raise UnsupportedCollectiveError(
+                "this torch's PREMUL_SUM op does not expose its factor (torch < 2.13 hides it), "
+                "so it can only run natively on NCCL: multiply by the factor yourself and use SUM"
+            )
         return ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
     shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
     return ReducePlan(kind, shim=shim)
