@@ -9,12 +9,20 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from distcompat.attention import attend, explain_attention
 from distcompat.attention._adapters import fa_window, run_flash
 from distcompat.attention._contract import canonical_window, visible_mask
-from distcompat.attention._kernels import KernelProbe, override_kernels
+from distcompat.attention._kernels import (
+    KernelProbe,
+    override_kernels,
+    sdpa_cpu_rough_backward,
+    sdpa_supports_gqa,
+    sdpa_zeroes_dead_rows,
+)
 from distcompat.attention._kvcache import attend_with_kvcache
 from distcompat.attention._rules import CallSignature
 from distcompat.attention._rules import infeasible as real_infeasible
+from strategies_attention import loop_mask, plain_attention
 
 
 class FakeFlash:
@@ -34,8 +42,10 @@ class FakeFlash:
         mask = visible_mask(
             tq, tk, *canonical_window(causal=False, window=(left, right), tq=tq, tk=tk), q.device
         )
+        groups = q.shape[2] // k.shape[2]  # FA takes GQA as is; older SDPA has no enable_gqa
+        k, v = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2)
         out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, enable_gqa=True
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask
         ).transpose(1, 2)
         return (out, None) if self.returns_tuple else out
 
@@ -77,7 +87,8 @@ def test_flash_adapter_layout_window_and_result(
     expected = (unbounded, unbounded) if window[0] == -1 else (3, 0)
     assert fake.kwargs["window_size"] == expected
     mask = visible_mask(9, 9, *sig.window, q.device)
-    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    kx, vx = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # GQA: 4 q heads, 2 kv
+    ref = F.scaled_dot_product_attention(q, kx, vx, attn_mask=mask)
     assert out.shape == (2, 4, 9, 8)
     assert torch.allclose(out, ref, atol=1e-6)
 
@@ -120,3 +131,46 @@ def test_kvcache_uses_fa_kvcache_when_dispatched(monkeypatch: pytest.MonkeyPatch
     assert calls[0]["cache_seqlens"].dtype == torch.int32
     assert calls[0]["window_size"] == (3, 0)
     assert calls[0]["causal"] is True
+
+
+def test_sdpa_fallbacks_match_this_torch_and_are_explained() -> None:
+    # Causal, Tq > Tk (two fully masked rows), GQA, float16 with grad on CPU: every fallback.
+    q = torch.randn(1, 4, 5, 8, dtype=torch.float16, requires_grad=True)
+    k = torch.randn(1, 2, 3, 8, dtype=torch.float16)
+    rough = torch.float16 in sdpa_cpu_rough_backward()
+    reason = explain_attention(q, k, k, causal=True).reason
+    assert ("rounds 16-bit gradients" in reason) == rough
+    with torch.no_grad():  # without grad SDPA itself runs, whatever its backward
+        reason = explain_attention(q, k, k, causal=True).reason
+    assert ("repeat_interleave" in reason) == (not sdpa_supports_gqa())
+    assert ("fully masked rows" in reason) == (not sdpa_zeroes_dead_rows())
+
+
+@pytest.mark.parametrize("rough", [False, True])
+def test_sdpa_fallbacks_are_exact(rough: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The paths a torch without enable_gqa, zeroed dead rows or a fine 16-bit CPU backward
+    # takes, run on any torch (float32 stands in for the 16-bit dtype of the rough backward).
+    monkeypatch.setattr("distcompat.attention._adapters.sdpa_supports_gqa", lambda: False)
+    monkeypatch.setattr("distcompat.attention._adapters.sdpa_zeroes_dead_rows", lambda: False)
+    monkeypatch.setattr(
+        "distcompat.attention._adapters.sdpa_cpu_rough_backward",
+        lambda: (torch.float32,) if rough else (),
+    )
+    q = torch.randn(1, 4, 5, 8, requires_grad=True)
+    k, v = (torch.randn(1, 2, 3, 8).requires_grad_() for _ in range(2))
+    with override_kernels():  # a new state token: decisions made before are not reused
+        reason = explain_attention(q, k, v, causal=True).reason
+        out = attend(q, k, v, causal=True)
+    if rough:
+        assert "rounds 16-bit gradients" in reason
+    else:
+        assert "repeat_interleave" in reason
+        assert "fully masked rows see every key" in reason
+    ref = plain_attention(q, k, v, loop_mask(5, 3, True, None))
+    assert torch.allclose(out, ref, atol=1e-6)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    refs = torch.autograd.grad(ref.sum(), (q, k, v))
+    for grad, expected in zip(grads, refs, strict=True):
+        assert torch.isfinite(grad).all()
+        assert torch.allclose(grad, expected, atol=1e-5)
+    assert torch.equal(grads[0][:, :, :2], torch.zeros(1, 4, 2, 8))

@@ -162,14 +162,36 @@ def test_fa4_forward_only_on_sm80_without_grad() -> None:
         assert decide(cuda_sig((8, 0), grad=False)).impl == "fa4"
 
 
+#: flex_attention as a torch that has it (it is absent from older torch) shows it to dispatch.
+FLEX = KernelProbe(
+    name="flex",
+    functions={"flex_attention": Recorder(), "create_block_mask": Recorder()},
+    reason="torch.nn.attention.flex_attention imported (mocked)",
+)
+
+
 def test_missing_packages_are_reasons_and_window_goes_to_flex() -> None:
-    with override_kernels(probes=MISSING):
+    with override_kernels(probes={**MISSING, "flex": FLEX}):
         windowed = decide(cuda_sig((9, 0), window=(31, 0)))
         causal = decide(cuda_sig((9, 0)))
     assert windowed.impl == "flex"
     assert "ModuleNotFoundError (mocked)" in {r.impl: r.reason for r in windowed.rejected}["fa3"]
     assert causal.impl == "sdpa"
     assert "no sliding window" in {r.impl: r.reason for r in causal.rejected}["flex"]
+
+
+def test_torch_without_flex_is_a_reason_and_window_goes_to_sdpa() -> None:
+    absent = KernelProbe(
+        name="flex",
+        reason="import torch.nn.attention.flex_attention failed: ModuleNotFoundError (mocked)",
+    )
+    with override_kernels(probes={**MISSING, "flex": absent}):
+        windowed = decide(cuda_sig((9, 0), window=(31, 0)))
+    assert windowed.impl == "sdpa"
+    assert (
+        "not installed: import torch.nn.attention.flex_attention failed"
+        in ({r.impl: r.reason for r in windowed.rejected}["flex"])
+    )
 
 
 def test_kvcache_skips_fa4_and_builds_without_kvcache() -> None:

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from distcompat.attention import attend, explain_attention
+from distcompat.attention._kernels import probe_kernel
 from strategies_attention import Case, cases, loop_mask, make_inputs, plain_attention
 
 LOW = (torch.float32, torch.bfloat16, torch.float16)
@@ -106,6 +107,10 @@ FLEX_CASES = [
 ]
 
 
+@pytest.mark.skipif(
+    not probe_kernel("flex").available,
+    reason="this torch has no torch.nn.attention.flex_attention",
+)
 @pytest.mark.parametrize("case", FLEX_CASES, ids=lambda c: f"{c.tq}x{c.tk}-{c.dtype}")
 def test_flex_forward_parity(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
     # flex has no backward on CPU, so it is only ever chosen for grad-free calls there.

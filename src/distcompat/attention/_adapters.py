@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -21,13 +20,43 @@ import torch
 import torch.nn.functional as F
 
 from distcompat.attention._contract import UNBOUNDED, has_dead_rows, to_fa4_window, visible_mask
-from distcompat.attention._kernels import probe_kernel, sdpa_supports_gqa
+from distcompat.attention._kernels import (
+    flex_takes_gqa,
+    probe_kernel,
+    sdpa_cpu_rough_backward,
+    sdpa_supports_gqa,
+    sdpa_zeroes_dead_rows,
+)
 from distcompat.attention._reference import math_attention
 from distcompat.attention._rules import CallSignature
 
-__all__ = ["RUNNERS", "run_flash", "run_flex", "run_math", "run_sdpa", "sdpa_strategy"]
+__all__ = [
+    "RUNNERS",
+    "run_flash",
+    "run_flex",
+    "run_math",
+    "run_sdpa",
+    "sdpa_notes",
+    "sdpa_strategy",
+    "sdpa_with_dead_rows",
+]
 
 Runner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, CallSignature, float | None], Any]
+
+#: Notes added to an explanation where this torch needs a fallback (found by feature tests).
+SDPA_GQA_FALLBACK = (
+    "K/V heads repeated with repeat_interleave (this torch's SDPA has no enable_gqa)"
+)
+SDPA_DEAD_ROW_FALLBACK = (
+    "fully masked rows see every key, then are zeroed (this torch's SDPA gives NaN for them)"
+)
+SDPA_ROUGH_BACKWARD_FALLBACK = (
+    "run as exact math, as SDPA's MATH backend computes it (this torch's default SDPA CPU kernel "
+    "rounds 16-bit gradients)"
+)
+FLEX_GQA_FALLBACK = (
+    "K/V heads repeated with repeat_interleave (this flex_attention has no enable_gqa)"
+)
 
 #: What each SDPA strategy means, for explanations.
 SDPA_STRATEGIES: dict[str, str] = {
@@ -50,6 +79,27 @@ def sdpa_strategy(sig: CallSignature) -> str:
     return "mask"
 
 
+def _rough_backward(sig: CallSignature) -> bool:
+    cpu_grad = sig.device_type == "cpu" and sig.requires_grad and not sig.kvcache
+    return cpu_grad and sig.dtype in sdpa_cpu_rough_backward()
+
+
+def sdpa_notes(sig: CallSignature) -> list[str]:
+    """Name the fallbacks this torch's SDPA needs for ``sig`` (none on a torch that needs none)."""
+    if _rough_backward(sig):
+        return [SDPA_ROUGH_BACKWARD_FALLBACK]  # exact math needs none of the others
+    notes = []
+    if sig.hq != sig.hkv and not sdpa_supports_gqa():
+        notes.append(SDPA_GQA_FALLBACK)
+    left, right = sig.window
+    dead = sig.kvcache or (
+        sdpa_strategy(sig) == "mask" and has_dead_rows(sig.tq, sig.tk, left, right)
+    )
+    if dead and not sdpa_zeroes_dead_rows():
+        notes.append(SDPA_DEAD_ROW_FALLBACK)
+    return notes
+
+
 def _expand_kv(
     k: torch.Tensor, v: torch.Tensor, sig: CallSignature
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
@@ -66,10 +116,38 @@ def zero_dead_rows(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
 
 
+def sdpa_with_dead_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None,
+    gqa: dict[str, Any],
+) -> torch.Tensor:
+    """SDPA under a bool mask that may have all-False rows; those rows come out 0, grads too.
+
+    Where SDPA gives NaN for such rows (``sdpa_zeroes_dead_rows`` is False), zeroing the output
+    is not enough: the NaN reaches q/k/v through the backward. Such rows then see every key
+    (finite, and their zeroed output sends no gradient back).
+    """
+    dead = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq, 1)
+    run_mask = mask if sdpa_zeroes_dead_rows() else mask | dead
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=run_mask, scale=scale, **gqa)
+    return out.masked_fill(dead, 0.0)
+
+
 def run_sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
 ) -> torch.Tensor:
     """Run PyTorch SDPA and let it pick its kernel (CPU flash; CUDA flash/efficient/cuDNN)."""
+    if _rough_backward(sig):  # an sdpa_kernel(MATH) scope would not trace on such a torch
+        return run_math(q, k, v, sig, scale)
+    return _run_sdpa(q, k, v, sig, scale)
+
+
+def _run_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
+) -> torch.Tensor:
     k, v, gqa = _expand_kv(k, v, sig)
     strategy = sdpa_strategy(sig)
     if strategy == "is_causal":
@@ -83,8 +161,9 @@ def run_sdpa(
             q, k[:, :, start:], v[:, :, start:], scale=scale, **gqa
         )
     mask = visible_mask(sig.tq, sig.tk, left, right, q.device)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
-    return zero_dead_rows(out, mask) if has_dead_rows(sig.tq, sig.tk, left, right) else out
+    if has_dead_rows(sig.tq, sig.tk, left, right):
+        return sdpa_with_dead_rows(q, k, v, mask, scale, gqa)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
 
 
 def run_math(
@@ -123,12 +202,6 @@ def _flex_callable(device_type: str) -> Callable[..., Any]:
     return flex  # CPU/MPS: forward only, eager (compiling costs 40-90 s on first call)
 
 
-@functools.cache
-def _flex_takes_gqa() -> bool:
-    flex = probe_kernel("flex").functions["flex_attention"]
-    return "enable_gqa" in inspect.signature(flex).parameters
-
-
 def run_flex(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
 ) -> torch.Tensor:
@@ -140,7 +213,7 @@ def run_flex(
     flex = _flex_callable(q.device.type)
     kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": scale}
     if sig.hq != sig.hkv:
-        if _flex_takes_gqa():
+        if flex_takes_gqa():
             kwargs["enable_gqa"] = True
         else:
             k, v = (t.repeat_interleave(sig.hq // sig.hkv, dim=1) for t in (k, v))

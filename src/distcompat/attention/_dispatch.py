@@ -22,9 +22,22 @@ from dataclasses import dataclass
 import torch
 
 from distcompat._host import HostInfo, probe_host
-from distcompat.attention._adapters import SDPA_STRATEGIES, sdpa_strategy
+from distcompat.attention._adapters import (
+    FLEX_GQA_FALLBACK,
+    SDPA_STRATEGIES,
+    sdpa_notes,
+    sdpa_strategy,
+)
 from distcompat.attention._contract import AttentionInputError, Window, canonical_window
-from distcompat.attention._kernels import device_capability, is_rocm, probe_kernel, state_token
+from distcompat.attention._kernels import (
+    compile_traces_environ,
+    constant_when_traced,
+    device_capability,
+    flex_takes_gqa,
+    is_rocm,
+    probe_kernel,
+    state_token,
+)
 from distcompat.attention._rules import (
     AUTO_ORDER,
     IMPLEMENTATIONS,
@@ -89,6 +102,12 @@ class AttentionDecision:
 def read_override() -> str:
     """Return ``DISTCOMPAT_ATTENTION`` (empty when unset); the one place it is read."""
     return os.environ.get(ENV_VAR, "")
+
+
+@constant_when_traced
+def _override_read_at_trace() -> str:
+    # For a torch.compile that cannot trace os.environ: read eagerly, kept in the graph.
+    return read_override()
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,13 +188,17 @@ def signature_of(
 def _chosen_reason(name: str, sig: CallSignature) -> str:
     if name == "sdpa":
         if sig.kvcache:
-            return "SDPA with a per-row bool mask over the cache (no host sync)"
-        return SDPA_STRATEGIES[sdpa_strategy(sig)]
+            reason = "SDPA with a per-row bool mask over the cache (no host sync)"
+        else:
+            reason = SDPA_STRATEGIES[sdpa_strategy(sig)]
+        return "; ".join([reason, *sdpa_notes(sig)])
     if name == "math":
         return "exact math (float32 softmax for 16-bit inputs, zeros for fully masked rows)"
     if name == "flex":
         compiled = sig.device_type in ("cuda", "xpu")
-        return "flex_attention, block-sparse window" + ("" if compiled else ", eager forward")
+        reason = "flex_attention, block-sparse window" + ("" if compiled else ", eager forward")
+        gqa = sig.hq != sig.hkv and not flex_takes_gqa()
+        return f"{reason}; {FLEX_GQA_FALLBACK}" if gqa else reason
     return f"FlashAttention kernel ({probe_kernel(name).reason})"
 
 
@@ -224,6 +247,11 @@ def decide(sig: CallSignature) -> AttentionDecision:
 
     While torch.compile traces a call, the host is not probed (its CUDA query cannot be traced
     and only adds a note to explanations), so the decision traces into the graph as constants.
+    ``DISTCOMPAT_ATTENTION`` is read inside the trace where torch.compile can trace (and guard
+    on) ``os.environ``, so changing it recompiles; where it cannot (torch 2.4), it is read once
+    when the call is traced and changing it later takes ``torch.compiler.reset()``.
     """
-    host = None if _is_compiling() else probe_host()
-    return _decide(sig, read_override(), host, state_token())
+    if not _is_compiling():
+        return _decide(sig, read_override(), probe_host(), state_token())
+    override = read_override() if compile_traces_environ() else _override_read_at_trace()
+    return _decide(sig, override, None, state_token())

@@ -7,6 +7,12 @@ never at import time and never downloaded. A failed import is kept as the reason
     probe = probe_kernel("fa3")
     probe.available, probe.reason   # (False, "import flash_attn_interface failed: ...")
 
+Behaviour that differs between torch releases is found by feature tests here too, each cached
+and run eagerly even when first asked inside a torch.compile trace: whether SDPA takes
+``enable_gqa`` and gives zeros for fully masked rows, whether flex_attention takes ``enable_gqa``,
+whether its CPU backward keeps 16-bit gradients exact to float32 rounding, and whether
+torch.compile can trace (and guard on) an ``os.environ`` read.
+
 Tests describe hardware and packages we do not have with :func:`override_kernels`.
 """
 
@@ -15,21 +21,28 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
+import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn.functional as F
 
 __all__ = [
     "KernelProbe",
+    "compile_traces_environ",
+    "constant_when_traced",
     "device_capability",
+    "flex_takes_gqa",
     "is_rocm",
     "override_kernels",
     "probe_kernel",
+    "sdpa_cpu_rough_backward",
     "sdpa_supports_gqa",
+    "sdpa_zeroes_dead_rows",
     "state_token",
 ]
 
@@ -89,7 +102,8 @@ def probe_kernel(name: str) -> KernelProbe:
     """Return whether kernel ``name`` (fa2, fa3, fa4, flex) imports here; imports on first ask.
 
     Example:
-        >>> probe_kernel("flex").available
+        >>> probe = probe_kernel("flex")  # older torch has no flex_attention: the reason says so
+        >>> probe.available or probe.reason.startswith("import torch.nn.attention.flex_attention")
         True
     """
     if name in _probe_overrides:
@@ -130,21 +144,141 @@ def is_rocm() -> bool:
     return getattr(torch.version, "hip", None) is not None
 
 
+_R = TypeVar("_R")
+
+
+def constant_when_traced(fn: Callable[[], _R]) -> Callable[[], _R]:
+    """Mark ``fn`` so that torch.compile calls it eagerly while tracing and keeps its result.
+
+    For feature tests (one that raises or compiles cannot be traced into a graph); the result
+    is not guarded, so ``fn`` must not change its answer within the process.
+    """
+    marked: Callable[[], _R] = torch.compiler.assume_constant_result(fn)  # type: ignore[no-untyped-call]
+    return marked
+
+
 @functools.cache
+def _sdpa_supports_gqa() -> bool:
+    q = torch.zeros(1, 2, 1, 8)
+    kv = torch.zeros(1, 1, 1, 8)
+    try:
+        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
+    except TypeError:  # "unexpected keyword argument 'enable_gqa'"
+        return False
+    return True
+
+
+@constant_when_traced
 def sdpa_supports_gqa() -> bool:
     """Whether ``scaled_dot_product_attention`` takes ``enable_gqa`` (a feature test, cached).
+
+    Without it, callers repeat K/V heads with ``repeat_interleave`` (same grouping).
 
     Example:
         >>> isinstance(sdpa_supports_gqa(), bool)
         True
     """
-    q = torch.zeros(1, 2, 1, 8)
-    kv = torch.zeros(1, 1, 1, 8)
+    return _sdpa_supports_gqa()
+
+
+@functools.cache
+def _sdpa_zeroes_dead_rows() -> bool:
+    q = torch.zeros(1, 1, 1, 8)
+    mask = torch.zeros(1, 1, 1, 1, dtype=torch.bool)
+    return bool(torch.isfinite(F.scaled_dot_product_attention(q, q, q, attn_mask=mask)).all())
+
+
+@constant_when_traced
+def sdpa_zeroes_dead_rows() -> bool:
+    """Whether SDPA gives finite output for a query row whose bool mask is all False (cached).
+
+    Where it gives NaN instead, the NaN also reaches the gradients through SDPA's backward, so
+    callers let such rows see every key and zero their output afterwards.
+
+    Example:
+        >>> isinstance(sdpa_zeroes_dead_rows(), bool)
+        True
+    """
+    return _sdpa_zeroes_dead_rows()
+
+
+@functools.cache
+def _sdpa_cpu_rough_backward() -> tuple[torch.dtype, ...]:
+    rough = []
+    for dtype in (torch.float16, torch.bfloat16):
+        gen = torch.Generator().manual_seed(0)
+        q, k, v, dout = (torch.randn(1, 2, 4, 16, generator=gen).to(dtype) for _ in range(4))
+        q.requires_grad_()
+        out = F.scaled_dot_product_attention(q, k[:, :, :1], v[:, :, :1])
+        (dq,) = torch.autograd.grad(out, q, dout)
+        # One key: the softmax is constant, so dq is exactly 0. A backward that accumulates in
+        # float32 leaves ~1e-7 here; one that rounds its intermediates to 16 bits leaves ~1e-3.
+        if float(dq.abs().max()) > 1e-5:
+            rough.append(dtype)
+    return tuple(rough)
+
+
+@constant_when_traced
+def sdpa_cpu_rough_backward() -> tuple[torch.dtype, ...]:
+    """Name the 16-bit dtypes whose SDPA CPU backward (default kernel) rounds intermediates.
+
+    A feature test with an exactly known answer (cached). For these dtypes, callers with
+    gradients on CPU get exact math instead, which is what SDPA's MATH kernel computes.
+
+    Example:
+        >>> set(sdpa_cpu_rough_backward()) <= {torch.float16, torch.bfloat16}
+        True
+    """
+    return _sdpa_cpu_rough_backward()
+
+
+@functools.cache
+def _takes_gqa(flex_attention: Callable[..., Any]) -> bool:
+    return "enable_gqa" in inspect.signature(flex_attention).parameters
+
+
+@constant_when_traced
+def flex_takes_gqa() -> bool:
+    """Whether the installed ``flex_attention`` takes ``enable_gqa`` (False when flex is absent).
+
+    Example:
+        >>> isinstance(flex_takes_gqa(), bool)
+        True
+    """
+    flex_attention = probe_kernel("flex").functions.get("flex_attention")
+    return flex_attention is not None and _takes_gqa(flex_attention)
+
+
+#: A variable nobody sets: reading it is what the compile feature test traces.
+_PROBE_VARIABLE = "DISTCOMPAT_PROBE_UNSET_VARIABLE"
+
+
+def _read_probe_variable(x: torch.Tensor) -> torch.Tensor:
+    return x + len(os.environ.get(_PROBE_VARIABLE, ""))
+
+
+@functools.cache
+def _compile_traces_environ() -> bool:
+    compiled = torch.compile(_read_probe_variable, fullgraph=True, backend="eager")
     try:
-        F.scaled_dot_product_attention(q, kv, kv, enable_gqa=True)
-    except TypeError:
+        compiled(torch.zeros(1))
+    except Exception:  # torch._dynamo's Unsupported: the answer is "no", not an error
         return False
     return True
+
+
+@constant_when_traced
+def compile_traces_environ() -> bool:
+    """Whether torch.compile traces ``os.environ.get`` (and recompiles when the value changes).
+
+    Compiles a two-line function once (eager backend, a fraction of a second), on the first
+    attention call traced by torch.compile; eager calls never ask.
+
+    Example:
+        >>> isinstance(compile_traces_environ(), bool)
+        True
+    """
+    return _compile_traces_environ()
 
 
 def state_token() -> int:

@@ -15,9 +15,8 @@ Off FA, the cache is read through one (B, 1, Tq, T_max) bool mask built with ten
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from distcompat.attention._adapters import _expand_kv, fa_window, zero_dead_rows
+from distcompat.attention._adapters import _expand_kv, fa_window, sdpa_with_dead_rows
 from distcompat.attention._contract import UNBOUNDED, AttentionInputError, Window
 from distcompat.attention._dispatch import decide, signature_of
 from distcompat.attention._kernels import probe_kernel
@@ -144,6 +143,5 @@ def attend_with_kvcache(
         out = math_attention(qb, kcb, vcb, mask=mask, scale=scale)
     else:
         kx, vx, gqa = _expand_kv(kcb, vcb, sig)
-        out = F.scaled_dot_product_attention(qb, kx, vx, attn_mask=mask, scale=scale, **gqa)
-        out = zero_dead_rows(out, mask)
+        out = sdpa_with_dead_rows(qb, kx, vx, mask, scale, gqa)
     return out.transpose(1, 2)
