@@ -175,8 +175,6 @@ def reduction_is_defined(dtype: torch.dtype, op: str) -> bool:
         return op not in ("AVG", "PREMUL_SUM")
     if dtype.is_complex:
         return op in ("SUM", "AVG", "PREMUL_SUM")
-    if dtype == torch.uint64:
-        return False
     if dtype.is_floating_point:
         return op not in ("BAND", "BOR", "BXOR")
     return op not in ("AVG", "PREMUL_SUM")

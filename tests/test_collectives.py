@@ -6,6 +6,8 @@ against a reference computed from all ranks' inputs (tests/collective_cases.py).
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import pytest
@@ -116,3 +118,47 @@ def test_object_collectives(world_size: int) -> None:
         assert shared == f"from {world_size - 1}"
         assert at_root == ([r * 10 for r in range(world_size)] if rank == 0 else None)
         assert mine == f"for {rank}"
+
+
+BIG = [2**64 - 1, 2**63 + 5, 3, 2**63 - 1]  # around the sign bit: signed order would be wrong
+
+
+def _uint64_extremes() -> dict[str, list[int]]:
+    import torch.distributed as dist
+
+    from distcompat import collectives as C
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = [BIG[(rank + i) % len(BIG)] for i in range(4)]
+    results = {}
+    for name in ("SUM", "MIN", "MAX", "BOR"):
+        value = torch.tensor(mine, dtype=torch.uint64)
+        C.all_reduce(value, op=getattr(dist.ReduceOp, name))
+        results[name] = [int(x) for x in value.view(torch.int64).tolist()]
+    shard = torch.empty(2, dtype=torch.uint64)
+    C.reduce_scatter_tensor(shard, torch.tensor(mine * world, dtype=torch.uint64)[: 2 * world],
+                            op=dist.ReduceOp.MAX)  # fmt: skip
+    results["rs_MAX"] = [int(x) for x in shard.view(torch.int64).tolist()]
+    return results
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_uint64_reductions_keep_unsigned_meaning(world_size: int) -> None:
+    per_rank = [[BIG[(r + i) % len(BIG)] for i in range(4)] for r in range(world_size)]
+    columns = list(zip(*per_rank, strict=True))
+
+    def signed(value: int) -> int:  # uint64 bits read as int64 (how the rank returns them)
+        return value - 2**64 if value >= 2**63 else value
+
+    expected = {
+        "SUM": [signed(sum(c) % 2**64) for c in columns],
+        "MIN": [signed(min(c)) for c in columns],
+        "MAX": [signed(max(c)) for c in columns],
+        "BOR": [signed(functools.reduce(operator.or_, c)) for c in columns],
+    }
+    for rank, got in enumerate(run_on_ranks(_uint64_extremes, world_size)):
+        for name, values in expected.items():
+            assert got[name] == values, name
+        inputs = [(p * world_size)[: 2 * world_size] for p in per_rank]
+        chunk = [max(inp[2 * rank + j] for inp in inputs) for j in range(2)]
+        assert got["rs_MAX"] == [signed(x) for x in chunk]

@@ -23,6 +23,7 @@ from distcompat.collectives._wire import UnsupportedCollectiveError, upcast_dtyp
 __all__ = ["ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
 
 R = dist.ReduceOp
+_SIGN_BIT = -(2**63)  # int64's top bit
 _BITWISE = (R.BAND, R.BOR, R.BXOR)
 #: bool reductions by their logical meaning, on canonical 0/1 bytes.
 _BOOL_AS: dict[Any, Any] = {
@@ -44,19 +45,37 @@ class ReducePlan:
     factor: Any = None  # PREMUL_SUM: multiply a temporary input by this first
     divide_by: int | None = None  # AVG emulation: divide the result by the world size
     parity: bool = False  # bool BXOR: keep the low bit of the byte sum
+    flip_sign: bool = False  # uint64 MIN/MAX: flip the top bit so signed order = unsigned order
     shim: str = ""
 
-    def scaled(self, wire: torch.Tensor) -> torch.Tensor:
-        """Return the input to send: a premultiplied *copy* for PREMUL_SUM, else ``wire``."""
-        return wire * self.factor if self.factor is not None else wire
+    @property
+    def has_finish(self) -> bool:
+        """Whether :meth:`finish` has anything to do."""
+        return self.divide_by is not None or self.parity or self.flip_sign
+
+    def prepared(self, wire: torch.Tensor) -> torch.Tensor:
+        """Return the input to send: a *copy* when it must be scaled or flipped, else ``wire``."""
+        if self.factor is None and not self.flip_sign:
+            return wire
+        out = wire.clone()
+        self.prepare_in_place(out)
+        return out
+
+    def prepare_in_place(self, wire: torch.Tensor) -> None:
+        """Scale or flip an in-place op's buffer (it is overwritten with the result anyway)."""
+        self.scale_in_place(wire)
+        if self.flip_sign:
+            wire.bitwise_xor_(_SIGN_BIT)
 
     def scale_in_place(self, wire: torch.Tensor) -> None:
-        """Premultiply an in-place op's buffer (it is overwritten with the result anyway)."""
+        """Premultiply by the PREMUL_SUM factor: all a reduction over one rank does."""
         if self.factor is not None:
             wire.mul_(self.factor)
 
     def finish(self, wire: torch.Tensor) -> None:
         """Apply the steps that follow the backend's op to the wire result, in place."""
+        if self.flip_sign:
+            wire.bitwise_xor_(_SIGN_BIT)
         if self.divide_by is not None:
             wire.div_(self.divide_by)
         if self.parity:
@@ -138,6 +157,10 @@ def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str
                 "so it can only run natively on NCCL: multiply by the factor yourself and use SUM"
             )
         return ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
+    if dtype == torch.uint64:
+        if kind in (R.MIN, R.MAX):
+            return ReducePlan(kind, flip_sign=True, shim="uint64-minmax-as-int64-sign-flipped")
+        return ReducePlan(kind, shim="uint64-as-int64-bits")
     shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
     return ReducePlan(kind, shim=shim)
 

@@ -66,7 +66,7 @@ def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReduceP
 
 
 def _after(plan: ReducePlan, wire: torch.Tensor) -> Finish | None:
-    if plan.divide_by is None and not plan.parity:
+    if not plan.has_finish:
         return None
     return lambda: plan.finish(wire)
 
@@ -117,7 +117,7 @@ def all_reduce(
         return done_if_async([tensor], async_op)
     verify("all_reduce", tensor, group, reduce_op=op)
     wire, copy_back = stage_output(tensor, reduce=True, fill=True)
-    plan.scale_in_place(wire)
+    plan.prepare_in_place(wire)
     finish = chain(_after(plan, wire), copy_back)
     return issue(
         "all_reduce",
@@ -192,10 +192,10 @@ def reduce(
     target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
     if is_dst:
         wire, copy_back = stage_output(tensor, reduce=True, fill=True)
-        plan.scale_in_place(wire)
+        plan.prepare_in_place(wire)
         finish = chain(_after(plan, wire), copy_back)
     else:
-        wire = plan.scaled(stage_input(tensor, reduce=True))
+        wire = plan.prepared(stage_input(tensor, reduce=True))
         if wire.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
             wire = wire.clone()  # the backend scribbles on non-destination buffers
         finish = None
@@ -313,7 +313,7 @@ def reduce_scatter_tensor(
         plan.scale_in_place(output)
         return done_if_async([output], async_op)
     verify("reduce_scatter_tensor", input, group, reduce_op=op)
-    flat = plan.scaled(stage_input(input, reduce=True)).reshape(-1)
+    flat = plan.prepared(stage_input(input, reduce=True)).reshape(-1)
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
 
 
@@ -375,5 +375,5 @@ def reduce_scatter(
         return done_if_async([output], async_op)
     verify("reduce_scatter", output, group, reduce_op=op)
     flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
-    plan.scale_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
+    plan.prepare_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)

@@ -17,7 +17,9 @@ capability probe to unlock later):
 * bool being reduced: canonical 0/1 bytes as uint8 (the reduce op is remapped in ``_reduce_ops``);
 * other dtypes, moved: raw bytes (``view(torch.uint8)``, exact, first dimension kept);
 * other dtypes, reduced: upcast (int16/uint16 -> int32, uint32 -> int64, fp8 -> float32), reduced,
-  cast back with the dtype's own wrap-around.
+  cast back with the dtype's own wrap-around; uint64 is reduced as the *same bits* viewed as
+  int64 (two's complement SUM, PRODUCT and bitwise ops give identical bits; MIN/MAX flip the top
+  bit first, see ``_reduce_ops``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ REDUCE_NATIVE: frozenset[torch.dtype] = frozenset(
 #: dtypes moved natively (bool bytes are moved as they are).
 MOVE_NATIVE: frozenset[torch.dtype] = REDUCE_NATIVE | {torch.bool}
 
+#: dtypes reduced as a same-size view (no conversion: the bits are the value).
+_REINTERPRET: dict[torch.dtype, torch.dtype] = {torch.uint64: torch.int64}
 _UPCAST: dict[torch.dtype, torch.dtype] = {
     torch.int16: torch.int32,
     torch.uint16: torch.int32,
@@ -65,6 +69,8 @@ def upcast_dtype(dtype: torch.dtype) -> torch.dtype | None:
         return None
     if dtype in _UPCAST:
         return _UPCAST[dtype]
+    if dtype in _REINTERPRET:
+        return _REINTERPRET[dtype]
     if dtype.is_floating_point and dtype.itemsize == 1:  # the fp8 family
         return torch.float32
     raise UnsupportedCollectiveError(
@@ -92,6 +98,8 @@ def _encode(dense: torch.Tensor, reduce: bool) -> torch.Tensor:
         return dense.view(torch.uint8).clamp(max=1) if reduce else dense
     if not reduce:
         return dense if dtype in MOVE_NATIVE else _as_bytes(dense)
+    if dtype in _REINTERPRET:
+        return dense.view(_REINTERPRET[dtype])
     wider = upcast_dtype(dtype)
     return dense if wider is None else dense.to(wider)
 
