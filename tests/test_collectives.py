@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import operator
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -162,3 +163,43 @@ def test_uint64_reductions_keep_unsigned_meaning(world_size: int) -> None:
         inputs = [(p * world_size)[: 2 * world_size] for p in per_rank]
         chunk = [max(inp[2 * rank + j] for inp in inputs) for j in range(2)]
         assert got["rs_MAX"] == [signed(x) for x in chunk]
+
+
+def _bitwise_as_if_nccl(collective: str) -> dict[str, bool]:
+    """Run bitwise reductions with the backend *named* nccl (NCCL has no bitwise ops).
+
+    Only the backend's name is faked (we have no GPU): the emulation itself, an all-gather and a
+    local reduction, runs for real on this gloo group.
+    """
+    import torch.distributed as dist
+
+    import distcompat.collectives._reductions as reductions
+    from distcompat.collectives._reduce_ops import plan_reduction
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    outcome = {}
+    with mock.patch.object(reductions, "backend_for", return_value="nccl"):
+        for name in ("BAND", "BOR", "BXOR"):
+            op = getattr(dist.ReduceOp, name)
+            plan = plan_reduction(op, torch.int64, world_size=world, backend="nccl")
+            inputs = [torch.tensor([5 + r, 12 * r + 3, 255 - r]) for r in range(world)]
+            fn = {"BAND": torch.bitwise_and, "BOR": torch.bitwise_or, "BXOR": torch.bitwise_xor}
+            expected = functools.reduce(fn[name], inputs)
+            value = inputs[rank].clone()
+            if collective == "all_reduce":
+                work = reductions.all_reduce(value, op=op, async_op=True)
+                assert work is not None
+                work.wait()
+                ok = torch.equal(value, expected)
+            else:
+                reductions.reduce(value, dst=0, op=op)
+                ok = torch.equal(value, expected if rank == 0 else inputs[rank])
+            outcome[name] = ok and plan.shim == "bitwise-as-all-gather-then-local-reduce"
+    return outcome
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce"])
+def test_bitwise_ops_on_nccl_are_emulated(world_size: int, collective: str) -> None:
+    for outcome in run_on_ranks(_bitwise_as_if_nccl, world_size, args=(collective,)):
+        assert outcome == {"BAND": True, "BOR": True, "BXOR": True}

@@ -46,6 +46,7 @@ class ReducePlan:
     divide_by: int | None = None  # AVG emulation: divide the result by the world size
     parity: bool = False  # bool BXOR: keep the low bit of the byte sum
     flip_sign: bool = False  # uint64 MIN/MAX: flip the top bit so signed order = unsigned order
+    gather: bool = False  # the backend lacks the op: all-gather every rank's input, reduce here
     shim: str = ""
 
     @property
@@ -130,11 +131,8 @@ def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str
             raise UnsupportedCollectiveError(
                 f"ReduceOp.{name.upper()} needs an integer or bool dtype, not {dtype}"
             )
-        if backend == "nccl":
-            raise UnsupportedCollectiveError(
-                f"NCCL has no ReduceOp.{name.upper()}; distcompat does not emulate it yet "
-                "(all_gather the values and reduce them locally)"
-            )
+        if backend == "nccl":  # NCCL has no bitwise reductions
+            return ReducePlan(kind, gather=True, shim="bitwise-as-all-gather-then-local-reduce")
     if kind == R.AVG:
         if not floating:
             raise UnsupportedCollectiveError(

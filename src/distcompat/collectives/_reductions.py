@@ -118,6 +118,10 @@ def all_reduce(
     verify("all_reduce", tensor, group, reduce_op=op)
     wire, copy_back = stage_output(tensor, reduce=True, fill=True)
     plan.prepare_in_place(wire)
+    if plan.gather:
+        return _reduce_by_gathering(
+            "all_reduce", wire, wire, copy_back, plan, group, async_op, [tensor]
+        )
     finish = chain(_after(plan, wire), copy_back)
     return issue(
         "all_reduce",
@@ -190,6 +194,14 @@ def reduce(
     verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
     is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
     target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
+    if plan.gather:
+        source = plan.prepared(stage_input(tensor, reduce=True))
+        out_wire, out_done = (
+            stage_output(tensor, reduce=True, fill=True) if is_dst else (None, None)
+        )
+        return _reduce_by_gathering(
+            "reduce", source, out_wire, out_done, plan, group, async_op, [tensor]
+        )
     if is_dst:
         wire, copy_back = stage_output(tensor, reduce=True, fill=True)
         plan.prepare_in_place(wire)
@@ -205,6 +217,43 @@ def reduce(
         group,
         [tensor],
         finish,
+        async_op,
+    )
+
+
+def _reduce_by_gathering(
+    op: str,
+    source: torch.Tensor,
+    target: torch.Tensor | None,
+    copy_back: Finish | None,
+    plan: ReducePlan,
+    group: Any,
+    async_op: bool,
+    result: Any,
+) -> CompatWork | None:
+    """Reduce with an op the backend lacks: all-gather every rank's ``source``, reduce locally.
+
+    ``target`` (None on ranks that keep no result) receives the reduction; world_size times the
+    memory and bytes of the native op, which is why it is only used where there is none.
+    """
+    world_size = group_size(group)
+    flat = source.reshape(-1)
+    gathered = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
+
+    def combine() -> None:
+        if target is None:
+            return
+        target.view(-1).copy_(local_reduce(gathered.view(world_size, -1), plan.op))
+        plan.finish(target)
+        if copy_back is not None:
+            copy_back()
+
+    return issue(
+        op,
+        lambda a: dist.all_gather_into_tensor(gathered, flat, group=group, async_op=a),
+        group,
+        result,
+        combine,
         async_op,
     )
 
@@ -228,7 +277,7 @@ def _reduce_scatter_flat(
     """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
     wire, copy_back = stage_output(output, reduce=True)
     out_flat = wire.view(-1)
-    if backend_for(group, output.device) == "nccl":
+    if backend_for(group, output.device) == "nccl" and not plan.gather:
         finish = chain(_after(plan, wire), copy_back)
         return issue(
             "reduce_scatter_tensor",
