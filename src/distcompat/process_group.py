@@ -171,7 +171,7 @@ def init_distributed(
                 )
             return _current.info
     launch = env if env is not None else LaunchEnv.from_environ()
-    if dist.is_available() and dist.is_initialized():
+    if _group_active():
         info = _adopt(device, timeout, launch)
     elif not launch.is_distributed:
         info = _single_process(device, timeout, launch)
@@ -359,7 +359,7 @@ def distributed_session(
         ...     info.world_size
         1
     """
-    already = _current is not None or (dist.is_available() and dist.is_initialized())
+    already = _current is not None or _group_active()
     info = init_distributed(device, backend, timeout, env=env)
     try:
         yield info

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import group_size
-from distcompat.collectives._reductions import all_reduce, reduce_scatter_tensor
+from distcompat.collectives._reductions import all_reduce, check_sizes, reduce_scatter_tensor
 from distcompat.collectives._work import CompatFuture, CompatWork, done_if_async
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]
@@ -32,6 +32,16 @@ def _buckets(tensors: Sequence[torch.Tensor]) -> list[list[int]]:
     for index, tensor in enumerate(tensors):
         groups.setdefault((tensor.dtype, tensor.device), []).append(index)
     return list(groups.values())
+
+
+def _unflatten_into(
+    targets: Sequence[torch.Tensor], buckets: list[list[int]], flats: list[torch.Tensor]
+) -> None:
+    """Copy each bucket's flat result back into the caller's tensors, in bucket order."""
+    for bucket, flat in zip(buckets, flats, strict=True):
+        pieces = torch.split(flat, [targets[i].numel() for i in bucket])
+        for i, piece in zip(bucket, pieces, strict=True):
+            targets[i].copy_(piece.view(targets[i].shape))
 
 
 def _join(handles: list[CompatWork], finish: Any, result: Any) -> CompatWork:
@@ -98,10 +108,7 @@ def all_reduce_coalesced(
     flats = [torch.cat([tensors[i].reshape(-1) for i in bucket]) for bucket in buckets]
 
     def copy_back() -> None:
-        for bucket, flat in zip(buckets, flats, strict=True):
-            pieces = torch.split(flat, [tensors[i].numel() for i in bucket])
-            for i, piece in zip(bucket, pieces, strict=True):
-                tensors[i].copy_(piece.view(tensors[i].shape))
+        _unflatten_into(tensors, buckets, flats)
 
     handles = [all_reduce(flat, op=op, group=group, async_op=async_op) for flat in flats]
     if not async_op:
@@ -162,11 +169,7 @@ def reduce_scatter_coalesced(
         raise ValueError(f"{len(outputs)} outputs but {len(inputs)} inputs")
     world_size = group_size(group)
     for index, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
-        if inp.numel() != world_size * out.numel():
-            raise ValueError(
-                f"inputs[{index}] has {inp.numel()} elements; outputs[{index}] has "
-                f"{out.numel()}, so it needs {world_size * out.numel()}"
-            )
+        check_sizes(out, inp.numel(), world_size, f"inputs[{index}]")
         if inp.dtype != out.dtype:
             raise ValueError(f"inputs[{index}] is {inp.dtype} but outputs[{index}] is {out.dtype}")
     if not outputs:
@@ -186,10 +189,7 @@ def reduce_scatter_coalesced(
     ]  # fmt: skip
 
     def copy_back() -> None:
-        for bucket, flat in zip(buckets, flat_outs, strict=True):
-            pieces = torch.split(flat, [outputs[i].numel() for i in bucket])
-            for i, piece in zip(bucket, pieces, strict=True):
-                outputs[i].copy_(piece.view(outputs[i].shape))
+        _unflatten_into(outputs, buckets, flat_outs)
 
     handles = [
         reduce_scatter_tensor(flat_out, flat_in, op=op, group=group, async_op=async_op)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["NotInGroupError", "backend_for", "group_size", "rank_in"]
+__all__ = ["NotInGroupError", "backend_for", "group_size", "is_root", "rank_in", "root_kwargs"]
 
 
 class NotInGroupError(ValueError):
@@ -42,6 +42,22 @@ def rank_in(group: Any) -> int:
 
 
 _backends: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
+    """Return whether this process is the root named by a global ``rank`` or a ``group_rank``."""
+    if group_rank is not None:
+        return rank_in(group) == group_rank
+    return dist.get_rank() == rank
+
+
+def root_kwargs(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
+    """Return torch's keyword for a root/peer: ``{name: rank}`` or ``{"group_" + name: ...}``.
+
+    Only the form the caller used is passed on, so torch releases without ``group_src`` /
+    ``group_dst`` keep working when those are not used.
+    """
+    return {f"group_{name}": group_rank} if group_rank is not None else {name: rank}
 
 
 def backend_for(group: Any, device: torch.device) -> str:

@@ -16,22 +16,12 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
-from distcompat.collectives._group import group_size, rank_in
+from distcompat.collectives._group import group_size, is_root, root_kwargs
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["all_gather", "all_gather_into_tensor", "broadcast", "gather", "scatter"]
-
-
-def _is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
-    if group_rank is not None:
-        return rank_in(group) == group_rank
-    return dist.get_rank() == rank
-
-
-def _root(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
-    return {f"group_{name}": group_rank} if group_rank is not None else {name: rank}
 
 
 @overload
@@ -84,7 +74,7 @@ def broadcast(
         return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False, fill=True)
-    root = _root("src", src, group_src)
+    root = root_kwargs("src", src, group_src)
     return issue(
         "broadcast",
         lambda a: dist.broadcast(wire, group=group, async_op=a, **root),
@@ -282,8 +272,8 @@ def gather(
         return done_if_async(gather_list, async_op)
     verify("gather", tensor, group, root=dst if group_dst is None else group_dst)
     source = stage_input(tensor, reduce=False)
-    root = _root("dst", dst, group_dst)
-    if _is_root(group, dst, group_dst):
+    root = root_kwargs("dst", dst, group_dst)
+    if is_root(group, dst, group_dst):
         if gather_list is None or len(gather_list) != world_size:
             raise ValueError(f"the destination needs a gather_list of {world_size} tensors")
         staged = [stage_output(out, reduce=False) for out in gather_list]
@@ -358,9 +348,9 @@ def scatter(
         return done_if_async([tensor], async_op)
     verify("scatter", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False)
-    root = _root("src", src, group_src)
+    root = root_kwargs("src", src, group_src)
     sources: list[torch.Tensor] | None = None
-    if _is_root(group, src, group_src):
+    if is_root(group, src, group_src):
         if scatter_list is None or len(scatter_list) != world_size:
             raise ValueError(f"the source needs a scatter_list of {world_size} tensors")
         sources = [stage_input(item, reduce=False) for item in scatter_list]

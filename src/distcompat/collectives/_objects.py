@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._group import backend_for, group_size, rank_in
+from distcompat.collectives._group import backend_for, group_size, is_root, rank_in
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
 
@@ -131,8 +131,7 @@ def gather_object(
             object_gather_list[0] = obj
         return
     everything = _gather_payloads(obj, group)
-    is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
-    if is_dst:
+    if is_root(group, dst, group_dst):
         if object_gather_list is None:
             raise ValueError("the destination rank needs an object_gather_list")
         object_gather_list[:] = everything

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import typed_errors
-from distcompat.collectives._group import group_size
+from distcompat.collectives._group import group_size, root_kwargs
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
@@ -26,13 +26,9 @@ class NoPeerError(ValueError):
     """A point-to-point op was called where there is no other rank to talk to."""
 
 
-def _need_peer(group: Any, op: str) -> None:
+def _needroot_kwargs(group: Any, op: str) -> None:
     if group_size(group) == 1:
         raise NoPeerError(f"{op} needs another rank, but the world size is 1 (or no group exists)")
-
-
-def _peer(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
-    return {f"group_{name}": group_rank} if group_rank is not None else {name: rank}
 
 
 def send(
@@ -43,10 +39,10 @@ def send(
     group_dst: int | None = None,
 ) -> None:
     """Send ``tensor`` to ``dst`` (any layout: staged contiguous first)."""
-    _need_peer(group, "send")
+    _needroot_kwargs(group, "send")
     wire = stage_input(tensor, reduce=False)
     with typed_errors("send", group):
-        dist.send(wire, group=group, tag=tag, **_peer("dst", dst, group_dst))
+        dist.send(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
 
 
 def recv(
@@ -57,10 +53,10 @@ def recv(
     group_src: int | None = None,
 ) -> int:
     """Receive into ``tensor`` from ``src`` (any rank if None); return the sender's rank."""
-    _need_peer(group, "recv")
+    _needroot_kwargs(group, "recv")
     wire, copy_back = stage_output(tensor, reduce=False)
     with typed_errors("recv", group):
-        sender = dist.recv(wire, group=group, tag=tag, **_peer("src", src, group_src))
+        sender = dist.recv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
     copy_back()
     return int(sender)
 
@@ -73,10 +69,10 @@ def isend(
     group_dst: int | None = None,
 ) -> CompatWork:
     """Start sending ``tensor`` to ``dst``; the handle's future works on every backend."""
-    _need_peer(group, "isend")
+    _needroot_kwargs(group, "isend")
     wire = stage_input(tensor, reduce=False)
     with typed_errors("isend", group):
-        work = dist.isend(wire, group=group, tag=tag, **_peer("dst", dst, group_dst))
+        work = dist.isend(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
     return CompatWork.from_work(work, group, [tensor], None, op="isend")
 
 
@@ -88,10 +84,10 @@ def irecv(
     group_src: int | None = None,
 ) -> CompatWork:
     """Start receiving into ``tensor``; ``wait()`` on the handle is safe to repeat."""
-    _need_peer(group, "irecv")
+    _needroot_kwargs(group, "irecv")
     wire, copy_back = stage_output(tensor, reduce=False)
     with typed_errors("irecv", group):
-        work = dist.irecv(wire, group=group, tag=tag, **_peer("src", src, group_src))
+        work = dist.irecv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
     return CompatWork.from_work(work, group, [tensor], copy_back, op="irecv")
 
 

@@ -23,12 +23,19 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import raise_typed
-from distcompat.collectives._group import backend_for, group_size, rank_in
+from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
-__all__ = ["all_reduce", "issue", "reduce", "reduce_scatter", "reduce_scatter_tensor"]
+__all__ = [
+    "all_reduce",
+    "check_sizes",
+    "issue",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+]
 
 R = dist.ReduceOp
 
@@ -192,8 +199,8 @@ def reduce(
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
     verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
-    is_dst = rank_in(group) == group_dst if group_dst is not None else dist.get_rank() == dst
-    target = {"group_dst": group_dst} if group_dst is not None else {"dst": dst}
+    is_dst = is_root(group, dst, group_dst)
+    target = root_kwargs("dst", dst, group_dst)
     if plan.gather:
         source = plan.prepared(stage_input(tensor, reduce=True))
         out_wire, out_done = (
@@ -258,7 +265,8 @@ def _reduce_by_gathering(
     )
 
 
-def _check_sizes(output: torch.Tensor, numel: int, world_size: int, what: str) -> None:
+def check_sizes(output: torch.Tensor, numel: int, world_size: int, what: str) -> None:
+    """Raise ``ValueError`` unless ``numel`` is ``world_size`` times ``output``'s elements."""
     if numel != world_size * output.numel():
         raise ValueError(
             f"{what} has {numel} elements; a reduce-scatter over {world_size} ranks into an "
@@ -355,7 +363,7 @@ def reduce_scatter_tensor(
         tensor([1., 2.])
     """
     world_size = group_size(group)
-    _check_sizes(output, input.numel(), world_size, "input")
+    check_sizes(output, input.numel(), world_size, "input")
     plan = _plan(op, input, group, world_size)
     if world_size == 1:
         output.copy_(input.reshape(output.shape))
@@ -416,7 +424,7 @@ def reduce_scatter(
     if len(input_list) != world_size:
         raise ValueError(f"input_list has {len(input_list)} tensors; the group has {world_size}")
     for index, item in enumerate(input_list):
-        _check_sizes(output, item.numel() * world_size, world_size, f"input_list[{index}]")
+        check_sizes(output, item.numel() * world_size, world_size, f"input_list[{index}]")
     plan = _plan(op, output, group, world_size)
     if world_size == 1:
         output.copy_(input_list[0].reshape(output.shape))
