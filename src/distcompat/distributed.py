@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as _torch_dist
 from torch.distributed import (
     Backend,
-    P2POp,
     ProcessGroup,
     ReduceOp,
     Work,
@@ -46,6 +45,7 @@ if not TYPE_CHECKING:  # at run time, everything else torch.distributed has (ove
 
 from distcompat.collectives import (
     CompatWork,
+    P2POp,
     all_gather,
     all_gather_into_tensor,
     all_gather_object,
@@ -55,6 +55,7 @@ from distcompat.collectives import (
     all_to_all,
     all_to_all_single,
     barrier,
+    batch_isend_irecv,
     broadcast,
     broadcast_object_list,
     gather,
@@ -89,6 +90,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
     "destroy_process_group",

@@ -38,7 +38,16 @@ from distcompat.collectives._objects import (
     gather_object,
     scatter_object_list,
 )
-from distcompat.collectives._p2p import NoPeerError, barrier, irecv, isend, recv, send
+from distcompat.collectives._p2p import (
+    NoPeerError,
+    P2POp,
+    barrier,
+    batch_isend_irecv,
+    irecv,
+    isend,
+    recv,
+    send,
+)
 from distcompat.collectives._reductions import (
     all_reduce,
     reduce,
@@ -58,6 +67,7 @@ __all__ = [
     "CompatWork",
     "NoPeerError",
     "NotInGroupError",
+    "P2POp",
     "PeerLostError",
     "UnsupportedCollectiveError",
     "all_gather",
@@ -69,6 +79,7 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "broadcast_object_list",
     "checked",

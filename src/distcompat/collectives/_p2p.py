@@ -1,12 +1,17 @@
-"""Point-to-point ops and barrier.
+"""Point-to-point ops, batched point-to-point ops, and barrier.
 
 gloo gives ``isend``/``irecv`` Works no future and a second ``wait()`` on an any-source ``irecv``
 hangs; here they return :class:`CompatWork` (completed by the group's worker thread) like every
 other async op. Tensors are staged contiguous (gloo refuses non-contiguous ones).
+
+``P2POp`` accepts distcompat's ``isend``/``irecv`` as well as torch's (torch's own ``P2POp``
+rejects any function but its own, so ``dist.P2POp(dist.isend, ...)`` failed under the drop-in
+``distcompat.distributed``), and ``batch_isend_irecv`` returns :class:`CompatWork` handles.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
 import torch
@@ -16,10 +21,19 @@ from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import typed_errors
 from distcompat.collectives._group import group_size, root_kwargs
 from distcompat.collectives._reductions import issue
-from distcompat.collectives._wire import stage_input, stage_output
+from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
-__all__ = ["NoPeerError", "barrier", "irecv", "isend", "recv", "send"]
+__all__ = [
+    "NoPeerError",
+    "P2POp",
+    "barrier",
+    "batch_isend_irecv",
+    "irecv",
+    "isend",
+    "recv",
+    "send",
+]
 
 
 class NoPeerError(ValueError):
@@ -89,6 +103,92 @@ def irecv(
     with typed_errors("irecv", group):
         work = dist.irecv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
     return CompatWork.from_work(work, group, [tensor], copy_back, op="irecv")
+
+
+def _native_op(op: Callable[..., Any]) -> Callable[..., Any]:
+    """Map distcompat's ``isend``/``irecv`` to torch's; leave anything else for torch to check."""
+    return {isend: dist.isend, irecv: dist.irecv}.get(op, op)
+
+
+class P2POp(dist.P2POp):
+    """torch's ``P2POp`` that also takes distcompat's ``isend``/``irecv`` (stored as torch's).
+
+    Example:
+        >>> import distcompat.distributed as dist
+        >>> op = dist.P2POp(dist.isend, torch.zeros(2), 1)  # doctest: +SKIP
+        >>> op.op is torch.distributed.isend  # doctest: +SKIP
+        True
+    """
+
+    def __new__(
+        cls, op: Callable[..., Any], tensor: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> P2POp:
+        return super().__new__(cls, _native_op(op), tensor, *args, **kwargs)  # type: ignore[no-any-return]
+
+    def __init__(self, op: Callable[..., Any], tensor: torch.Tensor, *args: Any, **kwargs: Any):
+        super().__init__(_native_op(op), tensor, *args, **kwargs)
+
+
+def _staged(op: Any) -> tuple[Any, Finish | None]:
+    """Return a torch ``P2POp`` on a contiguous wire tensor, and the copy back into the caller's."""
+    native = _native_op(op.op)
+    if native is dist.isend:
+        wire, copy_back = stage_input(op.tensor, reduce=False), None
+    elif native is dist.irecv:
+        wire, copy_back = stage_output(op.tensor, reduce=False)
+    else:
+        raise ValueError(f"batch_isend_irecv: op.op is {native!r}; it must be isend or irecv")
+    if wire is op.tensor and native is op.op:
+        return op, copy_back
+    staged = object.__new__(
+        dist.P2POp
+    )  # every field copied from a P2POp that passed torch's checks
+    staged.__dict__.update(vars(op))
+    staged.op, staged.tensor = native, wire
+    return staged, copy_back
+
+
+def batch_isend_irecv(p2p_op_list: Sequence[Any]) -> list[CompatWork]:
+    """Start a batch of sends and receives; each handle's future works on every backend.
+
+    Takes ``P2POp`` objects built with torch's or distcompat's ``isend``/``irecv``; tensors of any
+    layout are staged contiguous, and received data is copied back into the caller's tensor when
+    its handle completes. On NCCL torch coalesces the batch into one Work: then one handle is
+    returned, completing when the whole batch has.
+
+    Example:
+        >>> import distcompat.distributed as dist
+        >>> rank, world = dist.get_rank(), dist.get_world_size()  # doctest: +SKIP
+        >>> out, inp = torch.ones(2), torch.empty(2)  # doctest: +SKIP
+        >>> works = dist.batch_isend_irecv([
+        ...     dist.P2POp(dist.isend, out, (rank + 1) % world),
+        ...     dist.P2POp(dist.irecv, inp, (rank - 1) % world),
+        ... ])  # doctest: +SKIP
+        >>> torch.futures.wait_all([w.get_future() for w in works])  # doctest: +SKIP
+    """
+    ops = list(p2p_op_list)
+    if not ops:
+        raise ValueError("batch_isend_irecv needs at least one P2POp")
+    bad = [type(op).__name__ for op in ops if not isinstance(op, dist.P2POp)]
+    if bad:
+        raise TypeError(f"batch_isend_irecv takes P2POp objects, got {', '.join(bad)}")
+    group = ops[0].group
+    _needroot_kwargs(group, "batch_isend_irecv")
+    staged = [_staged(op) for op in ops]
+    with typed_errors("batch_isend_irecv", group):
+        works = dist.batch_isend_irecv([native for native, _ in staged])
+    if len(works) == len(ops):  # one Work per op (gloo, and every backend without coalescing)
+        return [
+            CompatWork.from_work(work, group, [op.tensor], copy_back, op=_native_op(op.op).__name__)
+            for work, op, (_, copy_back) in zip(works, ops, staged, strict=True)
+        ]
+    # Coalesced (NCCL): the copies back wait for the last Work of the batch.
+    copy_all = chain(*(copy_back for _, copy_back in staged))
+    last = len(works) - 1
+    return [
+        CompatWork.from_work(work, group, None, copy_all if i == last else None, op="p2p batch")
+        for i, work in enumerate(works)
+    ]
 
 
 @overload
