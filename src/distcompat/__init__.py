@@ -9,18 +9,12 @@ The two lines a training script writes::
 Importing distcompat configures nothing, writes no environment variable and probes no hardware.
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from distcompat._capabilities import Capabilities, capabilities
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
-from distcompat.attention import (
-    AttentionConfigError,
-    AttentionDecision,
-    AttentionInputError,
-    AttentionUnavailableError,
-    attend,
-    explain_attention,
-)
 from distcompat.checkpoint import (
     AsyncCheckpointer,
     CheckpointCorruptError,
@@ -79,6 +73,38 @@ from distcompat.process_group import (
     is_main_process,
 )
 from distcompat.rank_logging import get_logger, print0, progress, rank_zero_only, warn_once
+
+if TYPE_CHECKING:
+    from distcompat.attention import (
+        AttentionConfigError,
+        AttentionDecision,
+        AttentionInputError,
+        AttentionUnavailableError,
+        attend,
+        explain_attention,
+    )
+
+#: Names imported on first use: distcompat.attention marks its feature probes for torch.compile,
+#: which imports torch._dynamo (about 1.5 s); a process that never attends should not pay for it.
+_LAZY = {
+    "AttentionConfigError": "distcompat.attention",
+    "AttentionDecision": "distcompat.attention",
+    "AttentionInputError": "distcompat.attention",
+    "AttentionUnavailableError": "distcompat.attention",
+    "attend": "distcompat.attention",
+    "explain_attention": "distcompat.attention",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import the lazily exported names (see ``_LAZY``) on first access."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'distcompat' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 try:
     __version__ = version("distcompat")

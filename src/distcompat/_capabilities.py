@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
+
 __all__ = ["Capabilities", "capabilities"]
 
 _DTYPES = [
@@ -178,11 +180,11 @@ def _move(op: str, dtype: torch.dtype, group: Any) -> bool:
         return _equal(mine, _value(0, dtype))
     if op == "all_gather_into_tensor":
         out = torch.empty(world * 2, dtype=dtype)
-        dist.all_gather_into_tensor(out, mine, group=group)
+        all_gather_flat(out, mine, group=group)
         return _equal(out, torch.cat([_value(r, dtype) for r in range(world)]))
     if op == "reduce_scatter_tensor":
         out = torch.empty(2, dtype=dtype)
-        dist.reduce_scatter_tensor(out, torch.cat([mine] * world), group=group)
+        reduce_scatter_flat(out, torch.cat([mine] * world), group=group)
         return _equal(out, _reference(dtype, "SUM", world))
     out = torch.empty(world * 2, dtype=dtype)
     dist.all_to_all_single(out, torch.cat([mine] * world), group=group)
@@ -209,9 +211,9 @@ def _future(op: str, group: Any) -> str:
             "all_reduce": lambda: dist.all_reduce(value, group=group, async_op=True),
             "broadcast": lambda: dist.broadcast(
                 value, src=_global(group, 0), group=group, async_op=True),
-            "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
+            "all_gather_into_tensor": lambda: all_gather_flat(
                 torch.empty(world * world * 2), value, group=group, async_op=True),
-            "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
+            "reduce_scatter_tensor": lambda: reduce_scatter_flat(
                 torch.empty(2), value, group=group, async_op=True),
             "all_to_all_single": lambda: dist.all_to_all_single(
                 torch.empty_like(value), value, group=group, async_op=True),

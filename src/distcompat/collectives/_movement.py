@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, is_root, root_kwargs
+from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
@@ -207,7 +208,7 @@ def all_gather_into_tensor(
     out_flat = wire.view(-1)
     return issue(
         "all_gather_into_tensor",
-        lambda a: dist.all_gather_into_tensor(out_flat, source, group=group, async_op=a),
+        lambda a: all_gather_flat(out_flat, source, group=group, async_op=a),
         group,
         [output_tensor],
         copy_back,

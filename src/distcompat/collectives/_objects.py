@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import backend_for, group_size, is_root, rank_in
+from distcompat.collectives._native import all_gather_flat
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
 
@@ -48,12 +49,12 @@ def _gather_payloads(obj: Any, group: Any) -> list[Any]:
     device = _device(group)
     mine = _encode(obj, device)
     sizes = torch.empty(world, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(sizes, torch.tensor([mine.numel()], device=device), group=group)
+    all_gather_flat(sizes, torch.tensor([mine.numel()], device=device), group=group)
     longest = int(sizes.max())
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[: mine.numel()] = mine
     everything = torch.empty(world * longest, dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(everything, padded, group=group)
+    all_gather_flat(everything, padded, group=group)
     rows = everything.view(world, longest)
     return [_decode(rows[r], int(sizes[r])) for r in range(world)]
 
