@@ -59,6 +59,13 @@ from distcompat.collectives import (
     scatter_object_list,
     send,
 )
+from distcompat.data import (
+    EmptyShardError,
+    ShardedSampler,
+    TokenLoader,
+    shard_indices,
+    write_tokens,
+)
 from distcompat.env import LaunchEnv, LaunchEnvError
 from distcompat.process_group import (
     DistInfo,
@@ -131,11 +138,14 @@ __all__ = [
     "DeviceBindingError",
     "DistInfo",
     "DistInitError",
+    "EmptyShardError",
     "LaunchEnv",
     "LaunchEnvError",
     "NoPeerError",
     "NotInGroupError",
     "PeerLostError",
+    "ShardedSampler",
+    "TokenLoader",
     "UnsupportedCollectiveError",
     "WorldSizeMismatchError",
     "__version__",
@@ -181,5 +191,7 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "send",
+    "shard_indices",
     "warn_once",
+    "write_tokens",
 ]
