@@ -67,6 +67,7 @@ from distcompat.data import (
     write_tokens,
 )
 from distcompat.env import LaunchEnv, LaunchEnvError
+from distcompat.join import all_have_data, join_uneven
 from distcompat.process_group import (
     DistInfo,
     DistInitError,
@@ -153,6 +154,7 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_object",
     "all_gather_single",
+    "all_have_data",
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all",
@@ -176,6 +178,7 @@ __all__ = [
     "irecv",
     "is_main_process",
     "isend",
+    "join_uneven",
     "latest_checkpoint",
     "load_checkpoint",
     "print0",
