@@ -4,8 +4,9 @@
 
 Runs the process-group tests' adopt and re-init bodies in a loop on 2- and 3-rank groups and counts
 the calls that hang (killed after 20 s). Measured 2026-11-21: torch 2.4.1, 10 hangs in 50 cycles;
-torch 2.13, 0 in 30. A bounded barrier before destroy_process_group cut 2.4.1 to 2 in 50, and the
-rest hung inside destroy_process_group itself, so the barrier was not adopted (it would make
+torch 2.13, 0 in 30. Later, under load: 2.5.1 21 in 50, 2.6.0 12 in 16, 2.8.0 0 in 16, 2.13 0 in 20
+(table in docs/launching.md). A bounded barrier before destroy_process_group cut 2.4.1 to 2 in 50,
+and the rest hung inside destroy_process_group itself, so the barrier was not adopted (it would make
 every destroy wait for absent peers).
 """
 
