@@ -114,3 +114,14 @@ def test_python_dash_m_entry_point() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["backend"] == "gloo"
+
+
+def test_pitfalls_are_listed_and_do_not_fail_the_report() -> None:
+    """Environment and torchrun command line are mocks (no launcher runs)."""
+    environ = TORCHRUN_ENV | {"GROUP_WORLD_SIZE": "2", "WORLD_SIZE": "4", "GROUP_RANK": "0"}
+    report = collect_report(device="cpu", environ=environ, launcher_argv=["t.py", "--run"])
+    assert report.ok
+    assert any("GLOO_SOCKET_IFNAME" in p for p in report.pitfalls)
+    assert any("--run-path" in p for p in report.pitfalls)
+    assert json.loads(report.to_json())["pitfalls"] == list(report.pitfalls)
+    assert "PITFALL:" in report.to_text()

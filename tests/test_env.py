@@ -1064,3 +1064,13 @@ def test_any_environment_parses_or_raises_launch_env_error(environ: dict[str, st
     assert 0 <= env.local_rank < env.local_world_size <= env.world_size
     assert 0 <= env.node_rank < env.num_nodes
     assert env.launcher == detect_launcher(environ)
+
+
+def test_gloo_socket_ifname_is_read_with_its_source() -> None:
+    env = LaunchEnv.from_environ(TORCHRUN | {"GLOO_SOCKET_IFNAME": "eth1"})
+    assert env.gloo_socket_ifname == "eth1"
+    assert env.sources["gloo_socket_ifname"] == "GLOO_SOCKET_IFNAME"
+    assert "gloo_socket_ifname    eth1" in env.describe()
+    unset = LaunchEnv.from_environ(TORCHRUN)
+    assert unset.gloo_socket_ifname is None
+    assert unset.sources["gloo_socket_ifname"] == "not set"

@@ -9,7 +9,7 @@ it is safe under any launcher, on any number of ranks::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from distcompat._host import HostInfo, probe_host
@@ -20,6 +20,7 @@ from distcompat._placement import (
     choose_timeout,
     resolve_device,
 )
+from distcompat.diagnostics._pitfalls import launch_pitfalls
 from distcompat.env import LaunchEnv, LaunchEnvError
 
 __all__ = ["DoctorReport", "collect_report"]
@@ -37,6 +38,7 @@ class DoctorReport:
     backend_reason: str
     timeout_reason: str
     problems: tuple[str, ...]
+    pitfalls: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -64,6 +66,7 @@ class DoctorReport:
             f"mps={int(self.host.mps_available)}",
         ]
         lines += [f"PROBLEM: {p}" for p in self.problems]
+        lines += [f"PITFALL: {p}" for p in self.pitfalls]
         lines.append("ok: init_distributed() would succeed" if self.ok else "not ok")
         return "\n".join(tag + line for line in lines)
 
@@ -90,6 +93,7 @@ class DoctorReport:
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
                 "problems": list(self.problems),
+                "pitfalls": list(self.pitfalls),
                 "ok": self.ok,
             },
             sort_keys=True,
@@ -97,9 +101,17 @@ class DoctorReport:
 
 
 def collect_report(
-    device: str = "auto", backend: str | None = None, environ: Mapping[str, str] | None = None
+    device: str = "auto",
+    backend: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    *,
+    launcher_argv: Sequence[str] | None = None,
 ) -> DoctorReport:
     """Decide what init would do for this rank, collecting every problem instead of raising.
+
+    Launch pitfalls (:func:`distcompat.diagnostics.launch_pitfalls`) are listed as ``pitfalls``;
+    a missing rendezvous host is a problem. ``launcher_argv`` is torchrun's command line after
+    ``torchrun`` (default: read from the parent process when it is torchrun).
 
     Example:
         >>> collect_report(device="cpu", environ={}).backend
@@ -107,6 +119,7 @@ def collect_report(
     """
     host = probe_host()
     problems: list[str] = []
+    pitfalls: list[str] = []
     try:
         env: LaunchEnv | None = LaunchEnv.from_environ(environ)
     except LaunchEnvError as exc:
@@ -124,11 +137,11 @@ def collect_report(
             problems.append(str(exc))
             device_reason = device_reason if device_name else f"failed: {exc}"
             backend_reason = "not decided" if backend_name is None else backend_reason
-        if env.is_distributed and env.world_size > 1 and env.master_addr is None:
-            problems.append(
-                f"the {env.launcher} launch gives no rendezvous address: set MASTER_ADDR "
-                "(and MASTER_PORT) to rank 0's host and a free port"
-            )
+        for pitfall in launch_pitfalls(env, backend=backend_name, argv=launcher_argv):
+            if pitfall.name == "no-rendezvous-host":  # init would fail: a problem, not a pitfall
+                problems.append(pitfall.describe())
+            else:
+                pitfalls.append(pitfall.describe())
         if not env.is_distributed:
             backend_reason = f"none needed: single process ({backend_reason} if it were launched)"
     return DoctorReport(
@@ -140,4 +153,5 @@ def collect_report(
         backend_reason=backend_reason,
         timeout_reason=choose_timeout(None).reason,
         problems=tuple(problems),
+        pitfalls=tuple(pitfalls),
     )

@@ -78,7 +78,7 @@ DETECTION_ORDER: tuple[Launcher, ...] = (
 
 _FIELDS = (
     "rank", "local_rank", "world_size", "local_world_size", "node_rank", "num_nodes",
-    "master_addr", "master_port", "agent_store", "cuda_visible_devices",
+    "master_addr", "master_port", "agent_store", "cuda_visible_devices", "gloo_socket_ifname",
 )  # fmt: skip
 
 
@@ -91,8 +91,9 @@ class LaunchEnv:
     when ``TORCHELASTIC_USE_AGENT_STORE=True``: an agent (torchrun's, or a parent process such as
     distcompat's test harness) already hosts the TCPStore at ``master_addr:master_port`` and
     every rank must connect to it as a client. Like torch, every launcher with a master honours
-    it. ``sources`` maps each field (and ``"launcher"``) to the variable or the reason it came
-    from.
+    it. ``gloo_socket_ifname`` is ``GLOO_SOCKET_IFNAME``, the interface(s) gloo binds (None when
+    unset: gloo then binds the address the host name resolves to). ``sources`` maps each field
+    (and ``"launcher"``) to the variable or the reason it came from.
 
     Example:
         >>> env = LaunchEnv.from_environ({})
@@ -111,6 +112,7 @@ class LaunchEnv:
     master_port: int | None
     agent_store: bool
     cuda_visible_devices: str | None
+    gloo_socket_ifname: str | None = None
     sources: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -332,6 +334,7 @@ def _finish(plan: _Plan, draft: Draft, env: Mapping[str, str]) -> LaunchEnv:
     d = draft
     check_layout(d.rank, d.local_rank, d.world_size, d.local_world_size, d.node_rank, d.num_nodes)
     devices = env.get("CUDA_VISIBLE_DEVICES")
+    ifname = env.get("GLOO_SOCKET_IFNAME")
     sources = {
         "launcher": plan.reason,
         "rank": d.rank.source,
@@ -344,6 +347,7 @@ def _finish(plan: _Plan, draft: Draft, env: Mapping[str, str]) -> LaunchEnv:
         "master_port": d.master.port_source,
         "agent_store": d.master.agent_store_source,
         "cuda_visible_devices": "CUDA_VISIBLE_DEVICES" if devices is not None else "not set",
+        "gloo_socket_ifname": "GLOO_SOCKET_IFNAME" if ifname is not None else "not set",
     }
     return LaunchEnv(
         launcher=plan.launcher,
@@ -357,5 +361,6 @@ def _finish(plan: _Plan, draft: Draft, env: Mapping[str, str]) -> LaunchEnv:
         master_port=d.master.port,
         agent_store=d.master.agent_store,
         cuda_visible_devices=devices,
+        gloo_socket_ifname=ifname,
         sources=sources,
     )

@@ -24,6 +24,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -109,26 +110,46 @@ class _Request:
     device: str
     backend: str | None
     timeout: timedelta | None
+    watchdog: float | None = None
 
     def __str__(self) -> str:
-        return f"device={self.device!r}, backend={self.backend!r}, timeout={self.timeout}"
+        text = f"device={self.device!r}, backend={self.backend!r}, timeout={self.timeout}"
+        return text + (f", watchdog={self.watchdog}" if self.watchdog is not None else "")
 
 
 @dataclass(slots=True)
 class _Lifecycle:
     info: DistInfo
     request: _Request
+    watchdog: Any = None  # the distcompat.diagnostics.Watchdog init started, if any
 
 
 # The one piece of module state: what init_distributed set up. Read by the helpers below.
 _current: _Lifecycle | None = None
+# The rendezvous store of the group _create_group made and its generation (for diagnostics).
+_rendezvous: tuple[dist.Store, int] | None = None
 
 
 def _normalize(
-    device: str | torch.device, backend: str | None, timeout: float | timedelta | None
+    device: str | torch.device,
+    backend: str | None,
+    timeout: float | timedelta | None,
+    watchdog: float | None = None,
 ) -> _Request:
     seconds = timedelta(seconds=timeout) if isinstance(timeout, (int, float)) else timeout
-    return _Request(str(device), backend, seconds)
+    return _Request(str(device), backend, seconds, watchdog)
+
+
+def _side_store() -> tuple[dist.Store, str] | None:
+    """Return the store of the group init_distributed created, and a key prefix unique to it.
+
+    distcompat.diagnostics exchanges hang reports through it while the group itself is stuck.
+    None for an adopted group (its store is not ours to know) or when no group exists.
+    """
+    if _rendezvous is None or not _group_active():
+        return None
+    store, generation = _rendezvous
+    return store, f"distcompat/diagnostics/generation{generation}"
 
 
 def init_distributed(
@@ -137,6 +158,7 @@ def init_distributed(
     timeout: float | timedelta | None = None,
     *,
     env: LaunchEnv | None = None,
+    watchdog: float | None = None,
 ) -> DistInfo:
     """Create (or adopt) the default process group for this launch and bind the run device.
 
@@ -147,6 +169,11 @@ def init_distributed(
             (``"cpu:gloo,cuda:nccl"``).
         timeout: seconds or a timedelta; ``None`` means 10 minutes (torch's gloo default is 30).
         env: the launcher environment; ``None`` reads it with :meth:`LaunchEnv.from_environ`.
+        watchdog: seconds; start a :func:`distcompat.watchdog` with this timeout for the life of
+            the group (a hang then raises ``HangError`` naming the late rank). ``None``: off.
+
+    Launch pitfalls (a script option torchrun takes as its own, multi-node gloo without
+    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0.
 
     Example:
         >>> info = init_distributed(device="cpu")
@@ -157,7 +184,7 @@ def init_distributed(
         >>> destroy_distributed()
     """
     global _current
-    request = _normalize(device, backend, timeout)
+    request = _normalize(device, backend, timeout, watchdog)
     if _current is not None:
         if _current.info.has_group and not dist.is_initialized():
             _current = None  # someone destroyed our group behind our back: start again
@@ -176,9 +203,24 @@ def init_distributed(
     elif not launch.is_distributed:
         info = _single_process(device, timeout, launch)
     else:
+        _log_launch_pitfalls(launch, backend)
         info = _create_group(device, backend, timeout, launch)
-    _current = _Lifecycle(info=info, request=request)
+    _current = _Lifecycle(info=info, request=request, watchdog=_start_watchdog(watchdog))
     return info
+
+
+def _log_launch_pitfalls(launch: LaunchEnv, backend: str | None) -> None:
+    from distcompat.diagnostics import log_launch_pitfalls
+
+    log_launch_pitfalls(launch, backend=backend)
+
+
+def _start_watchdog(timeout: float | None) -> Any:
+    if timeout is None:
+        return None
+    from distcompat.diagnostics import watchdog
+
+    return watchdog(timeout).start()
 
 
 def _bind(choice: DeviceChoice) -> None:
@@ -295,10 +337,12 @@ def _create_group(
     picked: BackendChoice = choose_backend(chosen.device, backend, host=host)
     waited: TimeoutChoice = choose_timeout(timeout)
     _bind(chosen)
+    global _rendezvous
     store = _make_store(launch, waited.timeout)
     # Each rank counts its own inits in the store; ranks init together, so the counts agree and
     # every generation rendezvouses under keys no earlier group has written.
     generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
+    _rendezvous = (store, generation)
     dist.init_process_group(
         backend=picked.backend,
         store=dist.PrefixStore(f"distcompat/generation{generation}", store),
@@ -334,10 +378,13 @@ def destroy_distributed() -> None:
     Example:
         >>> destroy_distributed()   # nothing to do: a no-op
     """
-    global _current
+    global _current, _rendezvous
     state, _current = _current, None
+    if state is not None and state.watchdog is not None:
+        state.watchdog.stop()
     if state is None or state.info.adopted or not state.info.has_group:
         return
+    _rendezvous = None
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -35,6 +35,7 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 from typing_extensions import ParamSpec
 
+from distcompat.diagnostics._regions import single_rank_region
 from distcompat.process_group import get_rank, get_world_size
 
 __all__ = [
@@ -72,8 +73,9 @@ def print0(*values: object, sep: str | None = " ", end: str | None = "\n", **kwa
 def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
     """Decorate ``fn`` so that it runs on global rank 0 only and returns ``None`` elsewhere.
 
-    The signature is kept for type checkers (``ParamSpec``). Do not decorate a function that runs a
-    collective: the other ranks would skip it and rank 0 would wait forever.
+    The signature is kept for type checkers (``ParamSpec``). The body runs inside a
+    :func:`distcompat.single_rank_region`: a collective called from it (the other ranks skip it,
+    so rank 0 would wait forever) raises ``SingleRankCollectiveError`` at once, naming the call.
 
     Example:
         >>> @rank_zero_only
@@ -82,11 +84,13 @@ def rank_zero_only(fn: Callable[P, R]) -> Callable[P, R | None]:
         >>> report(0.5)
         'loss 0.50'
     """
+    label = f"@rank_zero_only {getattr(fn, '__qualname__', fn)}"
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R | None:
         if get_rank() == 0:
-            return fn(*args, **kwargs)
+            with single_rank_region(label):
+                return fn(*args, **kwargs)
         return None
 
     return wrapper

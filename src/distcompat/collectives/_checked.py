@@ -12,20 +12,27 @@ so a disagreement raises :class:`CollectiveMismatchError` on every rank, describ
 A rank that never arrives (a collective inside ``if rank == 0:``) is caught by a bounded wait on
 the fingerprint exchange. The cost is one extra tiny all_gather per collective (about 0.3-0.6 ms
 on gloo here); use it while debugging, not in production runs.
+
+:func:`verify` is also the single pre-call hook of every distcompat collective: while
+:mod:`distcompat.diagnostics` has a watchdog or a single-rank region active it installs
+``pre_call`` (history record, single-rank check) and ``watch`` (bounded waits in ``issue()`` and
+``CompatWork.wait()``). With nothing enabled the hook costs one module-global lookup.
 """
 
 from __future__ import annotations
 
 import contextlib
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveMismatchError", "checked", "is_checked", "verify"]
+from distcompat.collectives._native import all_gather_flat
+
+__all__ = ["CollectiveMismatchError", "PreCall", "checked", "is_checked", "set_hooks", "verify"]
 
 _FIELDS = ("seq", "op", "reduce_op", "root", "dtype", "numel", "shape")
 _OPS = (
@@ -35,6 +42,21 @@ _OPS = (
 _enabled = False
 _wait_s = 60.0
 _sequence: dict[Any, int] = {}
+
+#: ``pre_call(op, tensor, group, reduce_op, root)``: installed by distcompat.diagnostics.
+PreCall = Callable[[str, "torch.Tensor | None", Any, Any, "int | None"], None]
+_pre_call: PreCall | None = None
+#: The active watchdog (``distcompat.diagnostics``), read by ``issue()`` and ``CompatWork.wait()``.
+watch: Any = None
+#: ``_enabled or _pre_call is not None``: the one flag verify() reads when nothing is enabled.
+_active = False
+
+
+def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
+    """Install (or, with None, remove) the diagnostics pre-call hook and watchdog."""
+    global _pre_call, watch, _active
+    _pre_call, watch = pre_call, watcher
+    _active = _enabled or pre_call is not None
 
 
 class CollectiveMismatchError(ValueError):
@@ -52,13 +74,15 @@ def checked(enabled: bool = True, *, timeout: float = 60.0) -> Iterator[None]:
         ...     is_checked()
         True
     """
-    global _enabled, _wait_s
+    global _enabled, _wait_s, _active
     previous = (_enabled, _wait_s)
     _enabled, _wait_s = enabled, timeout
+    _active = _enabled or _pre_call is not None
     try:
         yield
     finally:
         _enabled, _wait_s = previous
+        _active = _enabled or _pre_call is not None
 
 
 def is_checked() -> bool:
@@ -98,7 +122,11 @@ def verify(
     in_splits: Sequence[int] | None = None,
     out_splits: Sequence[int] | None = None,
 ) -> None:
-    """In checked mode, check that every rank is calling the same collective; else do nothing."""
+    """Run the pre-call hooks: diagnostics (if installed), then checked mode's fingerprint check."""
+    if not _active:
+        return
+    if _pre_call is not None:
+        _pre_call(op, tensor, group, reduce_op, root)
     if not _enabled:
         return
     world = dist.get_world_size(group)
@@ -118,7 +146,7 @@ def verify(
     splits = [*(in_splits or [-1] * world), *(out_splits or [-1] * world)]
     mine = torch.tensor(head + splits, dtype=torch.int64)
     rows = torch.empty(world * mine.numel(), dtype=torch.int64)
-    work = dist.all_gather_into_tensor(rows, mine, group=group, async_op=True)
+    work = all_gather_flat(rows, mine, group=group, async_op=True)
     assert work is not None
     try:
         work.wait(timeout=timedelta(seconds=_wait_s))

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size, is_root, rank_in
 from distcompat.collectives._native import all_gather_flat
 
@@ -79,6 +80,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     if group_size(group) == 1:
         object_list[0] = obj
         return
+    verify("all_gather_object", None, group)
     object_list[:] = _gather_payloads(obj, group)
 
 
@@ -100,6 +102,7 @@ def broadcast_object_list(
     if group_size(group) == 1:
         return
     root = _global(group, src, group_src)
+    verify("broadcast_object_list", None, group, root=root)
     where = device or _device(group)
     is_root = dist.get_rank() == root
     payload = _encode(list(object_list), where) if is_root else None
@@ -131,6 +134,7 @@ def gather_object(
         if object_gather_list is not None:
             object_gather_list[0] = obj
         return
+    verify("gather_object", None, group, root=dst if dst is not None else group_dst)
     everything = _gather_payloads(obj, group)
     if is_root(group, dst, group_dst):
         if object_gather_list is None:

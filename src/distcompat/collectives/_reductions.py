@@ -21,9 +21,11 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _checked
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
+from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
@@ -52,16 +54,23 @@ def issue(
 
     Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
     """
+    watcher = _checked.watch  # distcompat.diagnostics' watchdog, None unless one is active
     try:
         if not async_op:
-            call(False)
+            if watcher is None:
+                call(False)
+            else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
+                watcher.wait_sync(call(True), op, group)
             if finish is not None:
                 finish()
             return None
         work = call(True)
     except RuntimeError as exc:  # inline, not typed_errors(): this is every call's hot path
         raise_typed(exc, op, group)
-    return CompatWork.from_work(work, group, result, finish, op=op)
+    handle = CompatWork.from_work(work, group, result, finish, op=op)
+    if watcher is not None:
+        watcher.track_async(handle)
+    return handle
 
 
 def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReducePlan:
@@ -257,7 +266,7 @@ def _reduce_by_gathering(
 
     return issue(
         op,
-        lambda a: dist.all_gather_into_tensor(gathered, flat, group=group, async_op=a),
+        lambda a: all_gather_flat(gathered, flat, group=group, async_op=a),
         group,
         result,
         combine,
@@ -289,7 +298,7 @@ def _reduce_scatter_flat(
         finish = chain(_after(plan, wire), copy_back)
         return issue(
             "reduce_scatter_tensor",
-            lambda a: dist.reduce_scatter_tensor(
+            lambda a: reduce_scatter_flat(
                 out_flat, flat_input, op=plan.op, group=group, async_op=a
             ),
             group,

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _checked
 from distcompat.collectives._errors import translate
 
 __all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async"]
@@ -118,7 +119,10 @@ class CompatWork:
         then; the op keeps running and the group stays usable.
         """
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self._done.wait(seconds):
+        watcher = _checked.watch  # distcompat.diagnostics' watchdog bounds an unbounded wait
+        if seconds is None and watcher is not None and not self._done.is_set():
+            watcher.wait_event(self._done, self)
+        elif not self._done.wait(seconds):
             raise TimeoutError(
                 f"collective not complete after {seconds}s (strategy {self.strategy!r}); it keeps "
                 "running and a later wait() can still collect it"

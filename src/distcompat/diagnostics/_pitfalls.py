@@ -1,0 +1,239 @@
+"""Launch pitfalls that end in a hang or a confusing failure, found before the first collective.
+
+Reported by ``distcompat doctor`` and logged once at ``init_distributed`` (node-local rank 0)::
+
+    for pitfall in launch_pitfalls(LaunchEnv.from_environ(), backend="gloo"):
+        print(pitfall.problem, pitfall.fix)
+
+* a script option that torchrun takes as its own by prefix (argparse accepts abbreviations: the
+  script's ``--run`` is read as torchrun's ``--run-path``, or refused as ambiguous);
+* multi-node gloo without ``GLOO_SOCKET_IFNAME`` (gloo binds the address the host name resolves
+  to, often 127.0.0.1, and the peers dial their own loopback; measured to fail after 82 s);
+* a multi-process launch with no rendezvous host (``MASTER_ADDR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from distcompat.env import LaunchEnv
+
+__all__ = [
+    "Pitfall",
+    "launch_pitfalls",
+    "launcher_argv",
+    "log_launch_pitfalls",
+    "torchrun_prefix_pitfalls",
+]
+
+_TORCHRUN_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pitfall:
+    """One launch problem: what is wrong, and the fix.
+
+    Example:
+        >>> Pitfall(name="x", problem="p", fix="f").describe()
+        'p. Fix: f'
+    """
+
+    name: str
+    problem: str
+    fix: str
+
+    def describe(self) -> str:
+        """``problem. Fix: fix``."""
+        return f"{self.problem}. Fix: {self.fix}"
+
+
+def launcher_argv(pid: int | None = None) -> list[str] | None:
+    """Torchrun's arguments (after ``torchrun``) when process ``pid`` (default: our parent) is it.
+
+    Reads ``/proc/<pid>/cmdline`` (Linux); None when that is unreadable or not torchrun.
+    """
+    path = Path(f"/proc/{os.getppid() if pid is None else pid}/cmdline")
+    try:
+        words = path.read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    for index, word in enumerate(words):
+        if os.path.basename(word) == "torchrun":
+            return [w for w in words[index + 1 :] if w]
+        if word == "-m" and index + 1 < len(words) and words[index + 1] in _TORCHRUN_MODULES:
+            return [w for w in words[index + 2 :] if w]
+    return None
+
+
+def _torchrun_parser() -> argparse.ArgumentParser | None:
+    """Torchrun's own parser (``torch.distributed.run.get_args_parser``), if this torch has it."""
+    try:
+        from torch.distributed import run
+    except ImportError:  # a torch without torch.distributed.run: nothing to compare against
+        return None
+    make = getattr(run, "get_args_parser", None)
+    return make() if callable(make) else None
+
+
+def _options(parser: argparse.ArgumentParser) -> dict[str, bool]:
+    """Torchrun's long options, each mapped to whether it takes a value."""
+    return {
+        option: action.nargs != 0
+        for action in parser._actions  # argparse has no public list of its actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+
+
+def torchrun_prefix_pitfalls(
+    argv: Sequence[str], parser: argparse.ArgumentParser | None = None
+) -> list[Pitfall]:
+    """Script options on a torchrun command line that are prefixes of torchrun's own options.
+
+    ``argv`` is what follows ``torchrun``. Options after the script that abbreviate a torchrun
+    option are taken by torchrun (or refused as ambiguous), depending on the Python version;
+    options after a ``--`` are safe.
+
+    Example:
+        >>> found = torchrun_prefix_pitfalls(["--nproc-per-node=2", "train.py", "--run"])
+        >>> found[0].name
+        'torchrun-prefix'
+        >>> torchrun_prefix_pitfalls(["train.py", "--", "--run"])
+        []
+    """
+    parser = parser or _torchrun_parser()
+    if parser is None:
+        return []
+    options = _options(parser)
+    index = 0
+    while index < len(argv):  # skip torchrun's own options to find the script
+        word = argv[index]
+        if word == "--":
+            return []  # everything after it goes to the script untouched
+        if not word.startswith("-"):
+            break
+        name = word.split("=", 1)[0]
+        takes_value = options.get(name, False)
+        index += 2 if takes_value and "=" not in word else 1
+    script, rest = argv[index : index + 1], list(argv[index + 1 :])
+    found = []
+    for word in rest:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if not name.startswith("--") or name in options:
+            continue
+        matches = sorted(option for option in options if option.startswith(name))
+        if matches:
+            found.append(
+                Pitfall(
+                    name="torchrun-prefix",
+                    problem=(
+                        f"the script option {name} is a prefix of torchrun's own "
+                        f"{' / '.join(matches)}: argparse accepts abbreviations, so torchrun takes "
+                        f"{name} as its own (or refuses it as ambiguous) and "
+                        f"{script[0] if script else 'the script'} may never see it"
+                    ),
+                    fix=(
+                        "put `--` between the script and its options: torchrun [options] "
+                        f"{script[0] if script else 'train.py'} -- {name} ..."
+                    ),
+                )
+            )
+    return found
+
+
+def _gloo_pitfall(env: LaunchEnv, backend: str | None) -> Pitfall | None:
+    multi_node = env.num_nodes > 1 or env.world_size > env.local_world_size
+    if not multi_node or (backend is not None and "gloo" not in backend):
+        return None
+    names = [n.strip() for n in (env.gloo_socket_ifname or "").split(",") if n.strip()]
+    if names and all(n != "lo" for n in names):
+        missing = [n for n in names if not Path("/sys/class/net", n).exists()]
+        if not missing or not Path("/sys/class/net").exists():
+            return None
+        problem = f"GLOO_SOCKET_IFNAME={env.gloo_socket_ifname} names no interface of this host"
+    elif names:
+        problem = (
+            f"GLOO_SOCKET_IFNAME={env.gloo_socket_ifname} binds gloo to loopback in a "
+            f"{env.num_nodes}-node job: the other nodes cannot reach it"
+        )
+    else:
+        problem = (
+            f"gloo in a {env.num_nodes}-node job without GLOO_SOCKET_IFNAME: gloo binds the "
+            "address the host name resolves to (often 127.0.0.1), and peers then dial their "
+            "own loopback (measured: connectFullMesh fails after 82 s)"
+        )
+    return Pitfall(
+        name="gloo-interface",
+        problem=problem,
+        fix="export GLOO_SOCKET_IFNAME=<the interface that routes to the other nodes, e.g. eth0>",
+    )
+
+
+def launch_pitfalls(
+    env: LaunchEnv, *, backend: str | None = None, argv: Sequence[str] | None = None
+) -> list[Pitfall]:
+    """Every launch pitfall this process's launch shows.
+
+    ``argv`` is torchrun's command line after ``torchrun`` (default: read from the parent
+    process when it is torchrun); ``backend`` the collective backend (None: assume gloo may be
+    used).
+
+    Example:
+        >>> launch_pitfalls(LaunchEnv.from_environ({}), argv=[])
+        []
+    """
+    found: list[Pitfall] = []
+    if env.is_distributed and env.world_size > 1 and not env.master_addr:
+        found.append(
+            Pitfall(
+                name="no-rendezvous-host",
+                problem=(
+                    f"the {env.launcher} launch of {env.world_size} processes gives no "
+                    "rendezvous host (MASTER_ADDR is not set)"
+                ),
+                fix="set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port",
+            )
+        )
+    gloo = _gloo_pitfall(env, backend)
+    if gloo is not None:
+        found.append(gloo)
+    if argv is None and env.launcher == "torchrun" and sys.platform.startswith("linux"):
+        argv = launcher_argv()
+    if argv:
+        found += torchrun_prefix_pitfalls(argv)
+    return found
+
+
+_logged: set[str] = set()
+
+
+def log_launch_pitfalls(
+    env: LaunchEnv, *, backend: str | None = None, argv: Sequence[str] | None = None
+) -> list[Pitfall]:
+    """Log each launch pitfall once per process, on each node's local rank 0; return them.
+
+    Called by :func:`distcompat.init_distributed` before it creates the group.
+
+    Example:
+        >>> log_launch_pitfalls(LaunchEnv.from_environ({}), argv=[])
+        []
+    """
+    if env.local_rank != 0:
+        return []
+    found = launch_pitfalls(env, backend=backend, argv=argv)
+    from distcompat.rank_logging import get_logger  # imported late: it imports this package
+
+    log = get_logger("distcompat", ranks="all")
+    for pitfall in found:
+        text = pitfall.describe()
+        if text not in _logged:
+            _logged.add(text)
+            log.warning("launch pitfall: %s", text)
+    return found

@@ -1,0 +1,479 @@
+"""The hang watchdog: a stuck collective becomes a cross-rank report and a HangError, in seconds.
+
+The two lines a training script writes::
+
+    with distcompat.watchdog(timeout=60):          # or init_distributed(..., watchdog=60)
+        train()                                    # a hang raises HangError naming the late rank
+
+How it works. Every distcompat collective records itself (op, shape, dtype, sequence number per
+group) in an in-memory ring buffer, and a synchronous one is issued async and waited on with the
+watchdog timeout instead of blocking in C++. When a wait runs out, the rank raises an alarm in
+the rendezvous store; a background thread on every rank polls that alarm (one store request per
+``poll`` seconds, the only traffic when nothing hangs), dumps its Python stacks (faulthandler, all
+threads) and publishes its account. The ranks compare sequence numbers and name who is behind,
+who is gone (no answer within ``grace``), and who is in a different collective at the same
+number; each writes ``rank<R>.json`` under ``dump_dir`` and logs the report. The stuck rank then
+raises :class:`HangError` (``action="raise"``), or keeps waiting (``action="report"``).
+
+Limits (said plainly): a raw ``torch.distributed`` call is not recorded and cannot be
+interrupted: it blocks in C++ until the group timeout, although this rank still answers alarms
+(its stacks show the call). On NCCL a collective returns before the GPU finishes, so the host sees
+no hang there; use torch's NCCL watchdog and flight recorder. With no group, or an adopted group
+whose store distcompat does not know, the report covers this rank only (``why()`` says which).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._errors import PeerLostError, translate
+from distcompat.diagnostics import _hooks
+from distcompat.diagnostics._channel import ChannelError, SideChannel
+from distcompat.diagnostics._errors import HangError
+from distcompat.diagnostics._records import CollectiveRecord, Recorder, group_label, to_record
+from distcompat.diagnostics._report import HangReport, RankState
+
+__all__ = ["Watchdog", "WatchdogConfig", "watchdog"]
+
+Action = Literal["raise", "report"]
+_LOG = "distcompat.diagnostics"
+_RECENT = 8  # history records each rank publishes with its account
+_BLAMED_STACKS = 8  # at most this many other ranks' stacks are fetched into a report
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogConfig:
+    """How a :class:`Watchdog` behaves.
+
+    ``timeout``: seconds a collective may take before a hang is declared. ``action``: ``"raise"``
+    (HangError on the stuck rank, and at the next collective on the others) or ``"report"``
+    (report, then keep waiting). ``dump_dir``: where ``rank<R>.json`` goes (default
+    ``<tmp>/distcompat-hangs``). ``grace``: seconds to wait for the other ranks' accounts
+    (default ``max(2, 3 * poll)``). ``poll``: seconds between two alarm checks (default
+    ``timeout / 4`` within 0.25-2 s). ``history``: collectives kept per rank.
+
+    Example:
+        >>> WatchdogConfig(timeout=8).poll_s, WatchdogConfig(timeout=8).grace_s
+        (2.0, 6.0)
+    """
+
+    timeout: float
+    action: Action = "raise"
+    dump_dir: Path | None = None
+    grace: float | None = None
+    poll: float | None = None
+    history: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(f"watchdog timeout={self.timeout!r} must be a positive number")
+        if self.action not in ("raise", "report"):
+            raise ValueError(f"watchdog action={self.action!r} must be 'raise' or 'report'")
+
+    @property
+    def poll_s(self) -> float:
+        """Seconds between alarm checks."""
+        return self.poll if self.poll is not None else min(2.0, max(0.25, self.timeout / 4))
+
+    @property
+    def grace_s(self) -> float:
+        """Seconds to wait for the other ranks' accounts."""
+        return self.grace if self.grace is not None else max(2.0, 3 * self.poll_s)
+
+    @property
+    def directory(self) -> Path:
+        """Where dumps are written."""
+        return self.dump_dir or Path(tempfile.gettempdir()) / "distcompat-hangs"
+
+
+def _stacks() -> str:
+    """All threads' Python stacks, as faulthandler prints them (works with a stuck C++ call)."""
+    with tempfile.TemporaryFile(mode="w+") as scratch:
+        faulthandler.dump_traceback(file=scratch, all_threads=True)
+        scratch.seek(0)
+        return scratch.read()
+
+
+class Watchdog:
+    """Bounds every distcompat collective's wait and turns a hang into a cross-rank report.
+
+    Use :func:`watchdog` (a context manager) or ``init_distributed(watchdog=...)``; ``start()`` and
+    ``stop()`` exist for code that manages the lifetime itself. ``last_report`` is the latest
+    :class:`~distcompat.diagnostics.HangReport` this rank assembled; ``why()`` says what the
+    watchdog can and cannot do here.
+
+    Example:
+        >>> with Watchdog(WatchdogConfig(timeout=5)) as w:   # no group: nothing to watch
+        ...     w.why()
+        'inactive: no process group (one process cannot hang in a collective)'
+    """
+
+    def __init__(self, config: WatchdogConfig) -> None:
+        self.config = config
+        self.last_report: HangReport | None = None
+        self._timeout = timedelta(seconds=config.timeout)
+        self._recorder = Recorder(config.history)
+        self._channel: SideChannel | None = None
+        self._channel_reason = ""
+        self._rank, self._world = 0, 1
+        self._seen = 0  # latest incident this rank has handled
+        self._handled_at = -1.0  # monotonic time it was handled
+        self._poisoned = False
+        self._cv = threading.Condition()
+        self._request: str | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._active = False
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def why(self) -> str:
+        """Say what this watchdog covers here, and why not more."""
+        if not self._active:
+            return "inactive: no process group (one process cannot hang in a collective)"
+        return self._channel_reason
+
+    def start(self) -> Watchdog:
+        """Start watching (a no-op without a process group of more than one rank)."""
+        if self._active or not (dist.is_available() and dist.is_initialized()):
+            return self
+        self._rank, self._world = dist.get_rank(), dist.get_world_size()
+        if self._world < 2:
+            return self
+        from distcompat.process_group import _side_store
+
+        found = _side_store()
+        if found is None:
+            self._channel_reason = (
+                "this rank only: the group was not created by init_distributed, so its "
+                "rendezvous store is unknown and other ranks cannot be asked"
+            )
+        else:
+            store, prefix = found
+            self._channel = SideChannel(store, prefix, rank=self._rank, world_size=self._world)
+            self._channel_reason = "all ranks, through the rendezvous store"
+            try:
+                self._seen = self._channel.current()
+            except ChannelError as exc:
+                self._channel, self._channel_reason = None, f"this rank only: {exc}"
+        with _hooks.state.lock:
+            outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
+            if outer is not None:  # nested: share the sequence numbers, pause the outer thread
+                self._recorder = outer._recorder
+                outer._halt()
+            _hooks.state.watchdogs.append(self)
+            _hooks.refresh()
+        self._active = True
+        self._launch()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching; an outer watchdog (if nested) takes over again."""
+        if not self._active:
+            return
+        self._active = False
+        self._halt()
+        with _hooks.state.lock:
+            if self in _hooks.state.watchdogs:
+                _hooks.state.watchdogs.remove(self)
+            outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
+            _hooks.refresh()
+        if outer is not None:
+            outer._launch()
+
+    def _launch(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="distcompat-watchdog", daemon=True)
+        self._thread.start()
+
+    def _halt(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.config.grace_s + 5)
+        self._thread = None
+
+    def __enter__(self) -> Watchdog:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # --- the collective hooks (called from distcompat.collectives) --------------------------
+
+    def before(
+        self, op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
+    ) -> None:
+        """Pre-call: refuse to run after a declared hang, else record the call."""
+        if self._poisoned and self.last_report is not None:
+            raise self._hang_error(op, "a hang was already declared; the group cannot be trusted")
+        self._recorder.begin(op, tensor, group, reduce_op, root)
+
+    def wait_sync(self, work: Any, op: str, group: Any) -> None:
+        """Wait for a synchronous collective's ``work`` with the watchdog timeout."""
+        key = id(work)
+        raw = self._recorder.issued(key)
+        if work is None or raw is None:
+            if work is not None:
+                work.wait()
+            return
+        started = time.monotonic()
+        try:
+            work.wait(timeout=self._timeout)
+        except RuntimeError as exc:
+            if time.monotonic() - started < self.config.timeout * 0.99:
+                self._recorder.abandon(key)
+                self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
+                raise
+            self._hung(to_record(raw), started, op)  # raises HangError unless action="report"
+            work.wait()  # action="report": keep waiting, as torch would
+        self._recorder.finished(key)
+
+    def track_async(self, handle: Any) -> None:
+        """Follow an async collective's handle until it completes."""
+        key = id(handle)
+        if self._recorder.issued(key) is not None:
+            handle.get_future().add_done_callback(lambda _: self._recorder.finished(key))
+
+    def wait_event(self, done: threading.Event, handle: Any) -> None:
+        """``CompatWork.wait()`` without a timeout: bounded by the watchdog timeout."""
+        entry = self._recorder.open.get(id(handle))
+        if entry is None:
+            done.wait()
+            return
+        raw, started = entry
+        if not done.wait(max(0.0, self.config.timeout - (time.monotonic() - started))):
+            record = to_record(raw)
+            self._hung(record, started, record.op)
+            done.wait()
+
+    def _hung(self, record: CollectiveRecord, started: float, op: str) -> None:
+        """Handle an op that did not finish in time: report, then raise unless only reporting."""
+        reason = (
+            f"rank {self._rank}: {record.describe()} not complete after {self.config.timeout:g}s"
+        )
+        self._declare(reason, started)
+        if self.config.action == "raise":
+            raise self._hang_error(op, reason)
+
+    def _peer_failed(self, exc: RuntimeError, op: str, group: Any) -> None:
+        """Handle a backend error in a watched wait: for a lost peer, report, then raise it."""
+        typed = translate(exc, op, group)
+        if isinstance(typed, PeerLostError):
+            report = self._declare(f"rank {self._rank}: {typed}", time.monotonic())
+            if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
+                typed.add_note(report.describe())
+            raise typed from exc
+
+    def _hang_error(self, op: str, reason: str) -> HangError:
+        report = self.last_report
+        assert report is not None  # _declare always leaves one
+        late = report.verdict.blamed
+        return HangError(
+            f"{op}: {reason}; hang declared (incident {report.incident}); report written to "
+            f"{self.config.directory}\n"
+            + report.describe(stacks=tuple(r for r in late if r != self._rank)),
+            op=op,
+            peer=late[0] if len(late) == 1 else None,
+            report=report,
+        )
+
+    # --- incidents --------------------------------------------------------------------------
+
+    def _declare(self, reason: str, since: float) -> HangReport:
+        """Have the watchdog thread handle an incident (or reuse one handled since ``since``)."""
+        with self._cv:
+            if self._handled_at < since:
+                self._request = reason
+                self._wake.set()
+                self._cv.wait_for(
+                    lambda: self._handled_at >= since, timeout=self.config.grace_s + 5
+                )
+            if self._handled_at < since or self.last_report is None:  # the thread did not answer
+                self.last_report = self._local_report(reason, "the watchdog thread did not answer")
+                self._handled_at = time.monotonic()
+            return self.last_report
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._cv:
+                reason, self._request = self._request, None
+            if reason is None:
+                reason = self._stalled_async()
+            try:
+                self._handle(reason)
+            except Exception as exc:  # never let the thread die: the report says what failed
+                logging.getLogger(_LOG).error("distcompat watchdog: %s", exc, exc_info=True)
+                with self._cv:
+                    self.last_report = self._local_report(reason or "alarm", f"failed: {exc}")
+                    self._handled_at = time.monotonic()
+                    self._cv.notify_all()
+
+    def _stalled_async(self) -> str | None:
+        oldest = self._recorder.oldest_open()
+        if oldest is None or time.monotonic() - oldest[1] < self.config.timeout:
+            return None
+        if self._handled_at >= oldest[1]:
+            return None  # already reported while this op was open
+        return (
+            f"rank {self._rank}: {oldest[0].describe()} not complete after {self.config.timeout:g}s"
+        )
+
+    def _handle(self, reason: str | None) -> None:
+        channel = self._channel
+        if channel is None:
+            if reason is not None:
+                self._finish(self._local_report(reason, self._channel_reason))
+            return
+        try:
+            current = channel.current()
+            if current > self._seen:
+                incident = current  # another rank declared it: answer
+            elif reason is not None:
+                incident = channel.raise_alarm(self._seen)
+                channel.set_trigger(incident, reason)
+            else:
+                return
+            mine = self._state(reason or f"answering incident {incident}")
+            channel.publish(incident, mine)
+            states = channel.collect(incident, self.config.grace_s)
+            trigger = channel.trigger(incident) or reason or "?"
+        except ChannelError as exc:
+            self._finish(self._local_report(reason or "alarm", str(exc)))
+            return
+        states[self._rank] = mine
+        report = HangReport(
+            incident=incident,
+            written_by=self._rank,
+            timeout=self.config.timeout,
+            world_size=self._world,
+            trigger=trigger,
+            states=self._with_stacks(channel, incident, states),
+        )
+        self._seen = incident
+        self._finish(report)
+
+    def _with_stacks(
+        self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
+    ) -> dict[int, RankState | None]:
+        """Fetch the stacks of the ranks the verdict blames (a few), so one dump shows them."""
+        verdict = HangReport(
+            incident=incident, written_by=self._rank, timeout=self.config.timeout,
+            world_size=self._world, trigger="", states=states,
+        ).verdict  # fmt: skip
+        out = dict(states)
+        for rank in [r for r in verdict.blamed if r != self._rank][:_BLAMED_STACKS]:
+            state = out.get(rank)
+            if state is not None:
+                stacks = channel.stacks(incident, rank)
+                out[rank] = RankState.from_json(state.to_json() | {"stacks": stacks})
+        return out
+
+    def _state(self, reason: str) -> RankState:
+        snapshot = self._recorder.snapshot()
+        return RankState(
+            rank=self._rank,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            reason=reason,
+            world_group=group_label(None),
+            started=snapshot["started"],
+            completed=snapshot["completed"],
+            in_flight=tuple(CollectiveRecord.from_json(r) for r in snapshot["in_flight"]),
+            recent=tuple(CollectiveRecord.from_json(r) for r in snapshot["history"][-_RECENT:]),
+            published=time.time(),
+            stacks=_stacks(),
+        )
+
+    def _local_report(self, reason: str, why: str) -> HangReport:
+        states: dict[int, RankState | None] = dict.fromkeys(range(self._world))
+        states[self._rank] = self._state(reason)
+        return HangReport(
+            incident=self._seen,
+            written_by=self._rank,
+            timeout=self.config.timeout,
+            world_size=self._world,
+            trigger=f"{reason} (other ranks not asked: {why})",
+            states=states,
+        )
+
+    def _finish(self, report: HangReport) -> None:
+        """Write the dump, log the report, and hand it to a waiting collective."""
+        path = self._write(report)
+        logging.getLogger(_LOG).error(
+            "[rank %d] %s\nper-rank dump: %s", self._rank, report.describe(), path
+        )
+        with self._cv:
+            self.last_report = report
+            self._handled_at = time.monotonic()
+            self._poisoned = self.config.action == "raise"  # the next collective raises
+            self._cv.notify_all()
+
+    def _write(self, report: HangReport) -> Path:
+        directory = self.config.directory
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"rank{self._rank}.json"
+        data = {
+            "format": "distcompat-hang/1",
+            "rank": self._rank,
+            "world_size": self._world,
+            "written": time.time(),
+            "history": self._recorder.snapshot()["history"],
+            "report": report.to_json(),
+            "text": report.describe(),
+        }
+        scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        scratch.write_text(json.dumps(data, indent=1))
+        os.replace(scratch, path)
+        return path
+
+
+def watchdog(
+    timeout: float,
+    *,
+    action: Action = "raise",
+    dump_dir: str | os.PathLike[str] | None = None,
+    grace: float | None = None,
+    poll: float | None = None,
+) -> Watchdog:
+    """Watch every distcompat collective in the block; a hang becomes a report and HangError.
+
+    Every rank must enter it (at the same point of its collective sequence). See the module
+    docstring for what is covered; the report names the ranks that are behind, gone, or in a
+    different collective, and each rank writes ``rank<R>.json`` under ``dump_dir``
+    (read them with ``distcompat diagnose DIR``).
+
+    Example:
+        >>> with watchdog(timeout=30) as w:   # doctest: +SKIP
+        ...     train()
+    """
+    config = WatchdogConfig(
+        timeout=float(timeout),
+        action=action,
+        dump_dir=Path(dump_dir) if dump_dir is not None else None,
+        grace=grace,
+        poll=poll,
+    )
+    return Watchdog(config)
