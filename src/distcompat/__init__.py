@@ -66,6 +66,12 @@ from distcompat.data import (
     shard_indices,
     write_tokens,
 )
+from distcompat.diagnostics import (
+    HangError,
+    SingleRankCollectiveError,
+    single_rank_region,
+    watchdog,
+)
 from distcompat.env import LaunchEnv, LaunchEnvError
 from distcompat.join import all_have_data, join_uneven
 from distcompat.process_group import (
@@ -140,12 +146,14 @@ __all__ = [
     "DistInfo",
     "DistInitError",
     "EmptyShardError",
+    "HangError",
     "LaunchEnv",
     "LaunchEnvError",
     "NoPeerError",
     "NotInGroupError",
     "PeerLostError",
     "ShardedSampler",
+    "SingleRankCollectiveError",
     "TokenLoader",
     "UnsupportedCollectiveError",
     "WorldSizeMismatchError",
@@ -195,6 +203,8 @@ __all__ = [
     "scatter_object_list",
     "send",
     "shard_indices",
+    "single_rank_region",
     "warn_once",
+    "watchdog",
     "write_tokens",
 ]

@@ -1,9 +1,11 @@
-"""The ``distcompat`` command line: ``distcompat doctor`` (more subcommands arrive with the demo).
+"""The ``distcompat`` command line: ``doctor``, ``diagnose`` and ``demo``.
 
 Example::
 
     distcompat doctor --device cpu
     torchrun --standalone --nproc-per-node=2 --no-python distcompat doctor
+    distcompat diagnose /tmp/distcompat-hangs      # after a watchdog declared a hang
+    distcompat demo --out demo-out                 # train on 2 local gloo ranks, check, report
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def _build_parser() -> argparse.ArgumentParser:
             "(every rank must run it; rank 0 prints the table)"
         ),
     )
+    diagnose = commands.add_parser(
+        "diagnose",
+        help="read the per-rank hang dumps a watchdog wrote and say which rank diverged",
+        description=(
+            "Read rank<R>.json hang dumps (written by distcompat.watchdog) from DIR and print "
+            "which rank is behind, gone or in a different collective, the calls side by side, "
+            "and each rank's stacks. Exits 0 when a report was read, 2 when DIR has none."
+        ),
+    )
+    diagnose.add_argument("directory", metavar="DIR", help="directory holding rank<R>.json dumps")
+    from distcompat.demo._cli import add_demo_parser
+
+    add_demo_parser(commands)
     return parser
 
 
@@ -83,6 +98,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.probe and report.ok:
             _print_probe(options.device, options.backend)
         return 0 if report.ok else 1
+    if options.command == "diagnose":
+        from distcompat.diagnostics import DumpReadError, read_dumps
+
+        try:
+            text = read_dumps(options.directory).describe()
+        except DumpReadError as exc:
+            sys.stderr.write(f"distcompat diagnose: {exc}\n")
+            return 2
+        sys.stdout.write(text + "\n")
+        return 0
+    if options.command == "demo":
+        from distcompat.demo._cli import run_demo_command
+
+        return run_demo_command(options)
     parser.print_help()
     return 2
 

@@ -202,7 +202,7 @@ def parquet_row_group_counts(paths: Sequence[str | os.PathLike[str]]) -> list[in
         pq = importlib.import_module("pyarrow.parquet")
     except ImportError as error:
         raise ImportError(
-            "parquet_row_group_counts needs pyarrow (pip install pyarrow); without it, pass the "
-            "row-group counts as ints to shard_row_groups"
+            "parquet_row_group_counts needs pyarrow (pip install 'distcompat[parquet]'); "
+            "without it, pass the row-group counts as ints to shard_row_groups"
         ) from error
     return [int(pq.ParquetFile(os.fspath(p)).metadata.num_row_groups) for p in paths]

@@ -1,0 +1,216 @@
+"""``distcompat demo``: its flags, and the choice between starting ranks and being one.
+
+The lines a user types::
+
+    distcompat demo --out demo-out                       # starts 2 local gloo ranks itself
+    torchrun --nproc-per-node=2 --no-python distcompat demo --out demo-out   # one rank each
+
+``distcompat.cli`` registers the subcommand with :func:`add_demo_parser` and calls
+:func:`run_demo_command`. Under a launcher (torchrun, srun, ...: whatever
+:meth:`distcompat.LaunchEnv.from_environ` recognises) this process is one rank; otherwise it
+starts ``--nproc`` ranks through :mod:`distcompat.demo._launch` and, with ``--sweep``, also runs
+1..N-1 ranks and plots tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+import distcompat
+from distcompat.checkpoint import atomic_write_json
+from distcompat.demo._config import DemoConfig, DemoConfigError
+from distcompat.demo._launch import FINISHED, bind_to_parent, launch_ranks, write_status
+from distcompat.demo._plot import MissingExtraError, plot_scaling, require_matplotlib
+from distcompat.demo._train import run_rank
+from distcompat.env import LaunchEnv, LaunchEnvError
+
+__all__ = ["EXIT_USAGE", "add_demo_parser", "config_from_options", "run_demo_command"]
+
+#: Exit code for a bad flag or an environment the demo cannot run in.
+EXIT_USAGE = 2
+
+_HELP: dict[str, str] = {
+    "out": "folder for manifest.json, timings.jsonl, checkpoints, corpus (seen by every rank)",
+    "steps": "optimizer steps",
+    "nproc": "ranks to start (default 2; under torchrun/srun the launcher's world size)",
+    "sweep": "also run 1..N-1 ranks and plot tokens/s to scaling.png (needs distcompat[demo])",
+    "seed": "seed of the corpus, the weights and the data order",
+    "batch_size": "sequences per rank per step",
+    "seq_len": "tokens per sequence",
+    "n_layer": "transformer blocks",
+    "n_head": "attention heads",
+    "n_embd": "model width",
+    "lr": "peak learning rate (warm-up, then cosine decay to 10%%)",
+    "checkpoint_at": "step after which the mid-run checkpoint is saved (default: half way)",
+    "resume_steps": "steps the resume check re-runs from the checkpoint",
+    "allreduce_reps": "timed all-reduces for p50/p95",
+    "corpus_bytes": "size of the generated corpus in bytes (one token per byte)",
+    "device": "run device: cpu (gloo), cuda (nccl) or auto",
+    "log_every": "steps between loss lines (default: about 10 lines a run)",
+    "timeout_s": "process-group timeout in seconds",
+}
+
+
+def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``demo`` subcommand to ``commands`` (what ``add_subparsers()`` returned).
+
+    Example:
+        >>> parser = argparse.ArgumentParser(prog="distcompat")
+        >>> demo = add_demo_parser(parser.add_subparsers(dest="command"))
+        >>> parser.parse_args(["demo", "--steps", "4"]).steps
+        4
+    """
+    parser: argparse.ArgumentParser = commands.add_parser(
+        "demo",
+        help="train a tiny nanochat-style GPT on N local gloo ranks and check the result",
+        description=(
+            "Train a small GPT (rotary, QK norm, distcompat.attend) with a ZeRO-style AdamW "
+            "whose gradient sync overlaps backward through async reduce-scatter / all-gather "
+            "futures, on a generated corpus through distcompat.data.TokenLoader. Saves a "
+            "checkpoint mid-run, checks that resuming from it reproduces the run, that every "
+            "rank holds byte-equal weights, and times all-reduce. Exit code 0 when both checks "
+            "pass, 3 when one fails, 1 when a rank fails, 2 for a usage error."
+        ),
+    )
+    defaults = {item.name: item.default for item in fields(DemoConfig)}
+    for item in fields(DemoConfig):
+        flag = "--" + item.name.replace("_", "-")
+        default = defaults[item.name]
+        shown = "" if default is None else f" (default: {default})"
+        if item.name == "sweep":
+            parser.add_argument(flag, action="store_true", help=_HELP[item.name])
+        elif item.name == "out":
+            parser.add_argument(
+                flag, type=Path, default=Path("distcompat-demo"), help=_HELP["out"] + shown
+            )
+        else:
+            kind = {"lr": float, "timeout_s": float, "device": str}.get(item.name, int)
+            parser.add_argument(flag, type=kind, default=None, help=_HELP[item.name] + shown)
+    return parser
+
+
+def config_from_options(options: argparse.Namespace) -> DemoConfig:
+    """Build the :class:`DemoConfig` from parsed flags (flags left out keep their defaults).
+
+    Example:
+        >>> ns = argparse.Namespace(out=Path("o"), steps=6, sweep=False)
+        >>> config_from_options(ns).steps
+        6
+    """
+    values = {
+        item.name: getattr(options, item.name)
+        for item in fields(DemoConfig)
+        if getattr(options, item.name, None) is not None
+    }
+    return DemoConfig(**values)
+
+
+def _configure_logging() -> None:
+    """Give the demo's own logger a handler (the CLI is the application; never the root's)."""
+    logger = logging.getLogger("distcompat.demo")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+
+
+def _run_as_rank(config: DemoConfig, env: LaunchEnv) -> int:
+    bind_to_parent()
+    _configure_logging()
+    try:
+        code = run_rank(config)
+    except KeyboardInterrupt:
+        write_status(env.rank, 130, None, "")
+        return 130
+    except BaseException as exc:
+        if not write_status(env.rank, 1, exc, traceback.format_exc()):
+            raise  # under torchrun/srun: the usual traceback, the launcher reports it
+        return 1  # the launcher prints the first failing rank's traceback
+    else:
+        write_status(env.rank, code, None, "")
+        return code
+    finally:
+        distcompat.destroy_distributed()
+
+
+def _sweep(config: DemoConfig) -> int:
+    """Run 1..N-1 ranks into out/sweep/, then plot them beside the main N-rank run."""
+    points: list[tuple[int, float]] = []
+    for nproc in range(1, config.world_size):
+        run = replace(config, out=config.out / "sweep" / f"nproc-{nproc}", nproc=nproc, sweep=False)
+        print(f"sweep: {nproc} rank(s) -> {run.out}", flush=True)
+        outcome = launch_ranks(run, nproc)
+        if outcome.failed_rank is not None or outcome.exit_code not in (0, 3):
+            sys.stderr.write(f"distcompat demo --sweep: {outcome.message}\n")
+            return outcome.exit_code or 1
+        points.append((nproc, _tokens_per_sec(run.out)))
+    points.append((config.world_size, _tokens_per_sec(config.out)))
+    base = points[0][1]
+    atomic_write_json(
+        config.out / "scaling.json",
+        {
+            "ranks": [n for n, _ in points],
+            "tokens_per_sec": [rate for _, rate in points],
+            "speedup_vs_1": [rate / base for _, rate in points],
+        },
+    )
+    path = plot_scaling(points, config.out / "scaling.png")
+    text = ", ".join(f"{n}: {rate:,.0f} tok/s ({rate / base:.2f}x)" for n, rate in points)
+    print(f"sweep: {text}\nsweep: wrote {path}", flush=True)
+    return 0
+
+
+def _tokens_per_sec(out: Path) -> float:
+    manifest = json.loads((out / "manifest.json").read_text(encoding="utf-8"))
+    return float(manifest["tokens_per_sec"])
+
+
+def run_demo_command(options: argparse.Namespace) -> int:
+    """Run ``distcompat demo`` with parsed flags; return the exit code.
+
+    Example:
+        >>> run_demo_command(argparse.Namespace(out=Path("demo-out")))  # doctest: +SKIP
+        0
+    """
+    try:
+        config = config_from_options(options)
+        env = LaunchEnv.from_environ()
+        if env.is_distributed:
+            if config.sweep:
+                raise DemoConfigError(
+                    f"--sweep starts its own ranks; run it without a launcher "
+                    f"(this process was started by {env.launcher})"
+                )
+            if config.nproc is not None and config.nproc != env.world_size:
+                raise DemoConfigError(
+                    f"--nproc={config.nproc} but {env.launcher} started {env.world_size} "
+                    "rank(s); leave --nproc out under a launcher"
+                )
+            return _run_as_rank(config, env)
+        if config.sweep:
+            require_matplotlib()  # before any rank starts
+    except (DemoConfigError, LaunchEnvError, MissingExtraError) as exc:
+        sys.stderr.write(f"distcompat demo: error: {exc}\n")
+        write_status(int(os.environ.get("RANK", "0")), EXIT_USAGE, exc, "")  # if a demo child
+        return EXIT_USAGE
+    outcome = launch_ranks(config, config.world_size)
+    if outcome.exit_code not in (0, 3) or outcome.failed_rank is not None:
+        sys.stderr.write(f"distcompat demo: {outcome.message}\n")
+        return outcome.exit_code or 1
+    if outcome.message != FINISHED:  # e.g. a rank hung on teardown and was killed
+        sys.stderr.write(f"distcompat demo: note: {outcome.message}\n")
+    if outcome.exit_code == 0 and config.sweep:
+        return _sweep(config)
+    if outcome.exit_code != 0:
+        manifest = config.out / "manifest.json"
+        sys.stderr.write(f"distcompat demo: a check failed (replicas or resume): see {manifest}\n")
+    return outcome.exit_code

@@ -1,0 +1,247 @@
+"""What the demo writes: ``timings.jsonl`` per step, ``manifest.json`` and the closing summary.
+
+The lines the demo writes (rank 0 writes the files; other ranks' writers are silent)::
+
+    with TimingsWriter(out / "timings.jsonl") as timings:
+        timings.write(record, phase="train")
+    write_manifest(out / "manifest.json", report)
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import torch
+
+import distcompat
+from distcompat.checkpoint import atomic_write_json
+from distcompat.demo._checks import AllReduceTiming, ReplicaCheck
+from distcompat.demo._config import DemoConfig
+from distcompat.process_group import DistInfo
+from distcompat.runtime import DtypeChoice
+
+__all__ = ["RunReport", "StepRecord", "TimingsWriter", "throughput", "write_manifest"]
+
+#: Why a 2-rank run on one small machine may not reach 2x (the seed lab asks for this paragraph).
+SCALING_NOTE = (
+    "Ranks here are processes on one machine: N ranks on N cores scale tokens/s by about N only "
+    "while each step's compute dominates its communication (a reduce-scatter and an all-gather of "
+    "the parameters through loopback TCP) and the cores are otherwise idle. A tiny model, a small "
+    "batch, more ranks than free cores, or shared memory bandwidth push the ratio below N."
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepRecord:
+    """One optimizer step: global mean loss, learning rate and where the time went (rank 0's).
+
+    ``sync_wait_ms`` is the time ``step()`` blocked on collectives not yet overlapped by backward.
+
+    Example:
+        >>> r = StepRecord(step=3, loss=2.5, lr=1e-3, step_ms=10.0, data_ms=0.1,
+        ...     sync_wait_ms=1.0, tokens=2048, tokens_per_sec=204800.0)
+        >>> r.line(10)
+        'step 3/10  loss 2.5000  lr 1.00e-03  204,800 tok/s  sync wait 1.0 ms'
+    """
+
+    step: int
+    loss: float
+    lr: float
+    step_ms: float
+    data_ms: float
+    sync_wait_ms: float
+    tokens: int
+    tokens_per_sec: float
+
+    def line(self, steps: int) -> str:
+        """Return a one-line progress report."""
+        return (
+            f"step {self.step}/{steps}  loss {self.loss:.4f}  lr {self.lr:.2e}  "
+            f"{self.tokens_per_sec:,.0f} tok/s  sync wait {self.sync_wait_ms:.1f} ms"
+        )
+
+
+def throughput(records: list[StepRecord]) -> tuple[float, int]:
+    """Return (tokens/s over the steps after warm-up, warm-up steps skipped).
+
+    The first 10% of steps (1 to 5) are skipped: they pay for first-touch allocations.
+
+    Example:
+        >>> rec = [StepRecord(step=i, loss=1.0, lr=0.1, step_ms=100.0, data_ms=0.0,
+        ...     sync_wait_ms=0.0, tokens=10, tokens_per_sec=100.0) for i in range(10)]
+        >>> throughput(rec)
+        (100.0, 1)
+    """
+    skip = min(5, max(1, len(records) // 10)) if len(records) > 1 else 0
+    kept = records[skip:]
+    seconds = sum(r.step_ms for r in kept) / 1e3
+    return (sum(r.tokens for r in kept) / seconds if seconds > 0 else 0.0), skip
+
+
+class TimingsWriter:
+    """Append one JSON line per step to ``path`` on rank 0 (truncated on open); a no-op elsewhere.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp(), "timings.jsonl")
+        >>> rec = StepRecord(step=1, loss=1.0, lr=0.1, step_ms=1.0, data_ms=0.0,
+        ...     sync_wait_ms=0.0, tokens=8, tokens_per_sec=8000.0)
+        >>> with TimingsWriter(path) as timings:
+        ...     timings.write(rec, phase="train")
+        >>> json.loads(path.read_text())["phase"]
+        'train'
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> TimingsWriter:
+        if distcompat.is_main_process():
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self._path, "w", encoding="utf-8")
+        return self
+
+    def write(self, record: StepRecord, *, phase: str) -> None:
+        """Write ``record`` as one line, tagged with ``phase`` ("train" or "resume")."""
+        if self._file is not None:
+            self._file.write(json.dumps({"phase": phase, **asdict(record)}) + "\n")
+            self._file.flush()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunReport:
+    """Everything the manifest and the summary say about one run (rank 0's view)."""
+
+    config: DemoConfig
+    info: DistInfo
+    dtype: DtypeChoice
+    parameter_count: int
+    records: list[StepRecord]
+    replicas: ReplicaCheck
+    allreduce: AllReduceTiming
+    resume: dict[str, Any]
+    wall_s: float
+
+    @property
+    def losses(self) -> list[float]:
+        """Global mean loss of each training step."""
+        return [r.loss for r in self.records]
+
+    @property
+    def loss_decreased(self) -> bool:
+        """Whether the mean of the last 10% of losses is below the mean of the first 10%."""
+        n = max(1, len(self.losses) // 10)
+        return sum(self.losses[-n:]) / n < sum(self.losses[:n]) / n
+
+    @property
+    def passed(self) -> bool:
+        """True when the replicas are equal and the resume matched."""
+        return self.replicas.equal and bool(self.resume["matched"])
+
+    def manifest(self) -> dict[str, Any]:
+        """Return the JSON object written to ``manifest.json``."""
+        tokens_per_sec, skipped = throughput(self.records)
+        config = self.config
+        return {
+            "lab": "distcompat demo (seed lab 01: data-parallel training on CPU with gloo)",
+            "seed": config.seed,
+            "world_size": self.info.world_size,
+            "parameter_count": self.parameter_count,
+            "steps": config.steps,
+            "losses": self.losses,
+            "loss_first": self.losses[0],
+            "loss_last": self.losses[-1],
+            "loss_decreased": self.loss_decreased,
+            "tokens_per_sec": tokens_per_sec,
+            "tokens_per_sec_note": (
+                f"global tokens per second over steps {skipped + 1}..{config.steps} "
+                f"({skipped} warm-up step(s) skipped; checkpoint saving not included)"
+            ),
+            "tokens_per_step": config.batch_size * config.seq_len * self.info.world_size,
+            "allreduce_p50_ms": self.allreduce.p50_ms,
+            "allreduce_p95_ms": self.allreduce.p95_ms,
+            "allreduce_numel": self.allreduce.numel,
+            "allreduce_what": self.allreduce.what,
+            "replicas_equal": self.replicas.equal,
+            "replicas_differing_elements": self.replicas.differing_elements,
+            "replicas_max_abs_diff": self.replicas.max_abs_diff,
+            "replicas_tolerance": self.replicas.tolerance,
+            "resume_matched": bool(self.resume["matched"]),
+            "resume": self.resume,
+            "checkpoint_step": config.checkpoint_step,
+            "sync_wait_ms_median": _median([r.sync_wait_ms for r in self.records]),
+            "step_ms_median": _median([r.step_ms for r in self.records]),
+            "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+            "model": asdict(config.model_config()),
+            "torch": torch.__version__,
+            "distcompat": distcompat.__version__,
+            "python": platform.python_version(),
+            "backend": self.info.backend,
+            "device": str(self.info.device),
+            "dtype": str(self.dtype.dtype).removeprefix("torch."),
+            "launcher": self.info.launcher,
+            "threads_per_rank": torch.get_num_threads(),
+            "reasons": {
+                "device": self.info.device_reason,
+                "backend": self.info.backend_reason,
+                "timeout": self.info.timeout_reason,
+                "dtype": self.dtype.reason,
+            },
+            "scaling_note": SCALING_NOTE,
+            "wall_s": self.wall_s,
+        }
+
+    def summary(self) -> str:
+        """Return the closing lines printed on rank 0."""
+        tokens_per_sec, _ = throughput(self.records)
+        ok = "PASS" if self.passed else "FAIL"
+        resume = self.resume
+        return "\n".join(
+            (
+                f"done in {self.wall_s:.1f}s: {ok}",
+                f"  loss            {self.losses[0]:.3f} -> {self.losses[-1]:.3f}"
+                f" ({'decreased' if self.loss_decreased else 'did NOT decrease'})",
+                f"  throughput      {tokens_per_sec:,.0f} tokens/s on {self.info.world_size} "
+                "rank(s)",
+                f"  all-reduce      p50 {self.allreduce.p50_ms:.2f} ms, p95 "
+                f"{self.allreduce.p95_ms:.2f} ms ({self.allreduce.numel * 4 / 1e6:.1f} MB float32)",
+                f"  replicas        {'byte-equal' if self.replicas.equal else 'DIFFER'} "
+                f"({self.replicas.differing_elements} differing elements)",
+                f"  resume          {'matched' if resume['matched'] else 'DID NOT MATCH'} "
+                f"({resume['steps_compared']} steps after the step-{resume['checkpoint_step']} "
+                f"checkpoint; max loss diff {resume['max_loss_diff']:.3g})",
+                f"  wrote           {self.config.out / 'manifest.json'}, "
+                f"{self.config.out / 'timings.jsonl'}",
+            )
+        )
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def write_manifest(path: Path, report: RunReport) -> None:
+    """Write ``report.manifest()`` to ``path`` atomically (call on rank 0).
+
+    Example:
+        >>> write_manifest(Path("demo-out/manifest.json"), report)  # doctest: +SKIP
+    """
+    atomic_write_json(path, report.manifest())

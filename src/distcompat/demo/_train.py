@@ -1,0 +1,306 @@
+"""One rank of the demo: train, checkpoint mid-run, check the resume, check the replicas, report.
+
+The two lines the CLI writes on every rank (inside torchrun, srun, or ranks the demo started)::
+
+    config = DemoConfig(out=Path("demo-out"), steps=160)
+    exit_code = run_rank(config)         # 0, or 3 when replicas differ or the resume diverged
+
+Every distcompat piece a real loop needs is used once, in the order a reader meets it:
+``init_distributed`` (gloo on CPU), the corpus written once with ``write_tokens``, a sharded
+``TokenLoader``, a GPT whose attention goes through ``attend``, the ZeRO optimizer of
+:mod:`distcompat.demo._optim` (async reduce-scatter / all-gather futures), ``progress`` and
+``print0`` on rank 0, ``save_checkpoint`` / ``load_checkpoint``, and at the end the collectives of
+:mod:`distcompat.demo._checks`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import distcompat
+import distcompat.distributed as dist
+from distcompat.data import TokenLoader, write_tokens
+from distcompat.demo._checks import check_replicas, flat_parameters, time_allreduce
+from distcompat.demo._config import DemoConfig
+from distcompat.demo._corpus import encode, generate_text
+from distcompat.demo._model import GPT
+from distcompat.demo._optim import ZeroAdamW
+from distcompat.demo._report import RunReport, StepRecord, TimingsWriter, write_manifest
+from distcompat.rank_logging import progress_backend
+from distcompat.runtime import compute_dtype
+
+__all__ = ["EXIT_CHECK_FAILED", "Trainer", "lr_schedule", "run_rank"]
+
+#: Exit code of a run that finished but whose replica or resume check failed.
+EXIT_CHECK_FAILED = 3
+_log = distcompat.get_logger("distcompat.demo")
+
+
+def lr_schedule(config: DemoConfig) -> Callable[[int], float]:
+    """Linear warm-up over the first 5% of steps, then cosine decay to 10% of ``config.lr``.
+
+    Example:
+        >>> from pathlib import Path
+        >>> lr = lr_schedule(DemoConfig(out=Path("o"), steps=100, lr=1.0))
+        >>> round(lr(1), 2), lr(5), round(lr(100), 2)
+        (0.2, 1.0, 0.1)
+    """
+    warmup = max(1, config.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step <= warmup:
+            return config.lr * step / warmup
+        progress = (step - warmup) / max(1, config.steps - warmup)
+        return config.lr * (0.1 + 0.45 * (1.0 + math.cos(math.pi * progress)))
+
+    return lr_at
+
+
+def _above_bar() -> str:
+    """Prefix that erases a tqdm bar drawn on the same terminal, so a log line replaces it.
+
+    tqdm redraws the bar on the next line at its next update; without a terminal (a log file, a
+    pipe) there is no bar line to erase and the prefix is empty.
+    """
+    both_tty = sys.stdout.isatty() and sys.stderr.isatty()
+    return "\r\x1b[K" if both_tty and progress_backend().name == "tqdm" else ""
+
+
+def _endless(loader: TokenLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches across epochs: each pass over the loader is the rest of one epoch."""
+    while True:
+        yield from loader
+
+
+@dataclass(slots=True)
+class Trainer:
+    """A model, its optimizer and its loader, stepped together (one per run or resume)."""
+
+    config: DemoConfig
+    model: GPT
+    optimizer: ZeroAdamW
+    loader: TokenLoader
+    autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    step: int = 0
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)
+
+    @classmethod
+    def build(
+        cls, config: DemoConfig, corpus: Path, device: torch.device, *, init_seed: int
+    ) -> Trainer:
+        """Make a model from ``init_seed`` (rank 0's weights broadcast), optimizer and loader."""
+        model = GPT(config.model_config(), seed=init_seed).to(device)
+        for param in model.parameters():  # every rank starts from rank 0's weights
+            distcompat.broadcast(param.data, src=0)
+        dtype = compute_dtype(device).dtype
+
+        def autocast() -> contextlib.AbstractContextManager[Any]:
+            if dtype == torch.float32:
+                return contextlib.nullcontext()
+            return torch.autocast(device_type=device.type, dtype=dtype)
+
+        return cls(
+            config=config,
+            model=model,
+            optimizer=ZeroAdamW(model.parameters(), lr=lr_schedule(config)),
+            loader=TokenLoader(
+                corpus,
+                batch_size=config.batch_size,
+                seq_len=config.seq_len,
+                seed=config.seed,
+                device=device,
+            ),
+            autocast=autocast,
+        )
+
+    def state(self) -> dict[str, Any]:
+        """Return this rank's checkpoint: weights, optimizer shard, loader position, step."""
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "loader": self.loader.state_dict(),
+            "step": self.step,
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state`."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.loader.load_state_dict(state["loader"])
+        self.step = int(state["step"])
+        self.batches = None
+
+    def train_step(self) -> StepRecord:
+        """Run one optimizer step on every rank; return its global loss and timings."""
+        if self.batches is None:
+            self.batches = _endless(self.loader)
+        start = time.perf_counter()
+        inputs, targets = next(self.batches)
+        fetched = time.perf_counter()
+        with self.autocast():
+            loss = self.model(inputs, targets)
+        mean = loss.detach().float().reshape(1)
+        loss_sync = dist.all_reduce(mean, op=dist.ReduceOp.AVG, async_op=True)
+        loss.backward()  # hooks launch the gradient reduce-scatters while backward runs
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        loss_sync.wait()
+        end = time.perf_counter()
+        self.step += 1
+        tokens = inputs.numel() * distcompat.get_world_size()
+        return StepRecord(
+            step=self.step,
+            loss=float(mean.item()),
+            lr=lr_schedule(self.config)(self.step),
+            step_ms=(end - start) * 1e3,
+            data_ms=(fetched - start) * 1e3,
+            sync_wait_ms=self.optimizer.sync_wait_s * 1e3,
+            tokens=tokens,
+            tokens_per_sec=tokens / (end - start),
+        )
+
+    def close(self) -> None:
+        """Detach the optimizer's hooks from the model."""
+        self.optimizer.close()
+
+
+def _prepare_corpus(config: DemoConfig) -> Path:
+    """Rank 0 writes the token file (and clears old checkpoints); every rank waits for it."""
+    path = config.out / "data" / "corpus.u16"
+    if distcompat.is_main_process():
+        (config.out / "data").mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(config.out / "checkpoints", ignore_errors=True)  # ours, from an older run
+        tokens = encode(generate_text(seed=config.seed, num_bytes=config.corpus_bytes))
+        write_tokens(path, tokens, dtype=torch.uint16)
+    distcompat.barrier()
+    return path
+
+
+def _train(
+    config: DemoConfig, trainer: Trainer, timings: TimingsWriter
+) -> tuple[list[StepRecord], torch.Tensor]:
+    """Run the main loop; return the step records and the parameter snapshot for the resume."""
+    records: list[StepRecord] = []
+    snapshot_step = config.checkpoint_step + config.resume_compare_steps
+    snapshot: torch.Tensor | None = None
+    steps = range(1, config.steps + 1)
+    # disable=None: tqdm draws the bar on a terminal only; logs get the loss lines alone.
+    bar = distcompat.progress(steps, desc=f"train x{distcompat.get_world_size()}", disable=None)
+    for _ in bar:
+        record = trainer.train_step()
+        records.append(record)
+        timings.write(record, phase="train")
+        if record.step % config.log_interval == 0 or record.step == config.steps:
+            distcompat.print0(_above_bar() + record.line(config.steps), flush=True)
+        if record.step == config.checkpoint_step:
+            path = distcompat.save_checkpoint(
+                config.out / "checkpoints",
+                record.step,
+                trainer.state(),
+                keep_last=1,
+                metadata={"seed": config.seed, "world_size": distcompat.get_world_size()},
+            )
+            _log.info("checkpoint after step %d: %s", record.step, path)
+        if record.step == snapshot_step:
+            snapshot = flat_parameters(trainer.model)
+    assert snapshot is not None  # DemoConfig keeps snapshot_step within 1..steps
+    return records, snapshot
+
+
+def _resume_check(
+    config: DemoConfig,
+    corpus: Path,
+    device: torch.device,
+    records: list[StepRecord],
+    snapshot: torch.Tensor,
+    timings: TimingsWriter,
+) -> dict[str, Any]:
+    """Load the mid-run checkpoint into fresh objects, re-run steps, compare with the run."""
+    # A different init seed: if loading did nothing, the comparison fails loudly.
+    fresh = Trainer.build(config, corpus, device, init_seed=config.seed + 1)
+    try:
+        fresh.load(distcompat.load_checkpoint(config.out / "checkpoints", config.checkpoint_step))
+        rerun = []
+        for _ in range(config.resume_compare_steps):
+            record = fresh.train_step()
+            timings.write(record, phase="resume")
+            rerun.append(record.loss)
+        params = flat_parameters(fresh.model)
+    finally:
+        fresh.close()
+    first = config.checkpoint_step
+    original = [r.loss for r in records[first : first + len(rerun)]]
+    loss_diff = max(abs(a - b) for a, b in zip(rerun, original, strict=True))
+    param_diff = float((params - snapshot).abs().max().item())
+    bitwise = torch.equal(params.view(torch.uint8), snapshot.view(torch.uint8))
+    same = torch.tensor([float(rerun == original and bitwise)], device=device)
+    distcompat.all_reduce(same, op=dist.ReduceOp.MIN)
+    return {
+        "matched": bool(same.item() == 1.0),
+        "checkpoint_step": first,
+        "steps_compared": len(rerun),
+        "losses_original": original,
+        "losses_resumed": rerun,
+        "max_loss_diff": loss_diff,
+        "max_param_diff": param_diff,
+        "rule": "exact: losses equal as floats and parameters equal bit for bit on every rank",
+    }
+
+
+def run_rank(config: DemoConfig) -> int:
+    """Run the demo on this rank and return its exit code; the caller destroys the group.
+
+    The group comes from the launcher environment (``init_distributed``); the caller tears it
+    down with ``destroy_distributed`` after reporting, since a teardown can hang (torch 2.4).
+
+    Example:
+        >>> from pathlib import Path
+        >>> run_rank(DemoConfig(out=Path("demo-out")))  # doctest: +SKIP
+        0
+    """
+    torch.set_num_threads(1)  # one thread per rank: ranks share the machine's cores
+    started = time.perf_counter()
+    info = distcompat.init_distributed(device=config.device, timeout=config.timeout_s)
+    corpus = _prepare_corpus(config)
+    trainer = Trainer.build(config, corpus, info.device, init_seed=config.seed)
+    dtype = compute_dtype(info.device)
+    params = sum(p.numel() for p in trainer.model.parameters())
+    distcompat.print0(
+        f"distcompat demo: {info.world_size} rank(s), {info.backend or 'no group'} on "
+        f"{info.device}, {params / 1e6:.2f}M parameters, {config.steps} steps of "
+        f"{config.batch_size}x{config.seq_len} tokens per rank\n"
+        f"  {info.reason.replace(chr(10), chr(10) + '  ')}\n  dtype: {dtype.reason}",
+        flush=True,
+    )
+    with TimingsWriter(config.out / "timings.jsonl") as timings:
+        records, snapshot = _train(config, trainer, timings)
+        trainer.close()
+        distcompat.print0("checks: replicas, all-reduce latency, resume ...", flush=True)
+        replicas = check_replicas(trainer.model)
+        latency = time_allreduce(numel=params, reps=config.allreduce_reps, device=info.device)
+        resume = _resume_check(config, corpus, info.device, records, snapshot, timings)
+    report = RunReport(
+        config=config,
+        info=info,
+        dtype=dtype,
+        parameter_count=params,
+        records=records,
+        replicas=replicas,
+        allreduce=latency,
+        resume=resume,
+        wall_s=time.perf_counter() - started,
+    )
+    if distcompat.is_main_process():
+        write_manifest(config.out / "manifest.json", report)
+        distcompat.print0(report.summary(), flush=True)
+    return 0 if report.passed else EXIT_CHECK_FAILED

@@ -1,0 +1,245 @@
+"""``distcompat demo`` end to end on 2 gloo ranks, its launcher's failure path, and its parts.
+
+The end-to-end tests run the real CLI in this process: it starts two ``python -m distcompat demo``
+rank processes, exactly as a user's shell would. The sharded optimizer is compared with
+``torch.optim.AdamW`` on real gloo groups (run_on_ranks). Mocked, and only there: matplotlib
+being absent, and a launcher environment for the usage errors that need one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import distcompat
+from distcompat.cli import main
+from distcompat.demo import DemoConfig, DemoConfigError
+from distcompat.demo._cli import add_demo_parser, config_from_options
+from distcompat.demo._corpus import encode, generate_text
+from distcompat.demo._model import GPT, GPTConfig
+from distcompat.demo._optim import OptimizerStateError, ZeroAdamW
+from distcompat.testing import run_on_ranks
+
+# Small enough for a few seconds of training, big enough for the loss to fall clearly.
+SMALL = [
+    "--steps", "24", "--n-layer", "2", "--n-embd", "64", "--n-head", "2", "--seq-len", "64",
+    "--batch-size", "4", "--allreduce-reps", "5", "--corpus-bytes", "65536", "--lr", "0.003",
+]  # fmt: skip
+
+
+def _demo_children() -> list[int]:
+    """Pids of live processes this test process started as demo ranks (Linux /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == os.getpid() and b"demo" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_on_two_ranks(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *SMALL]) == 0
+    captured = capfd.readouterr()
+    assert "done in" in captured.out
+    assert "PASS" in captured.out
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+    assert manifest["backend"] == "gloo"
+    assert manifest["replicas_equal"] is True
+    assert manifest["resume_matched"] is True
+    assert manifest["resume"]["checkpoint_step"] == 12
+    losses = manifest["losses"]
+    assert len(losses) == manifest["steps"] == 24
+    assert losses[-1] < losses[0] - 0.5
+    assert manifest["loss_decreased"] is True
+    assert manifest["tokens_per_sec"] > 0
+    assert 0 < manifest["allreduce_p50_ms"] <= manifest["allreduce_p95_ms"]
+    assert manifest["parameter_count"] == sum(
+        p.numel()
+        for p in GPT(GPTConfig(seq_len=64, n_layer=2, n_head=2, n_embd=64), seed=0).parameters()
+    )
+    lines = [json.loads(line) for line in (out / "timings.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in lines] == ["train"] * 24 + ["resume"] * 3
+    assert [r["step"] for r in lines[:24]] == list(range(1, 25))
+    assert not (out / ".ranks").exists()
+    assert _demo_children() == []
+
+
+@pytest.mark.slow
+def test_a_failing_rank_reaches_the_user_and_leaves_no_process(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # 4 KB of text hold about 64 windows of 65 tokens, fewer than world_size*batch_size = 2*64.
+    argv = ["demo", "--out", str(tmp_path), "--corpus-bytes", "4096", "--batch-size", "64"]
+    assert main([*argv, "--seq-len", "64", "--n-embd", "32", "--n-head", "2"]) == 1
+    err = capfd.readouterr().err
+    assert re.search(r"distcompat demo: rank [01] of 2 failed: .*EmptyShardError", err)
+    assert "EmptyShardError" in err
+    assert "--- traceback of rank" in err
+    assert _demo_children() == []
+
+
+def test_sweep_without_matplotlib_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Mocked: matplotlib is not importable (it may or may not be installed here)."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name)
+    )
+    assert main(["demo", "--out", str(tmp_path), "--sweep"]) == 2
+    assert "pip install 'distcompat[demo]'" in capfd.readouterr().err
+    assert not (tmp_path / ".ranks").exists()  # failed before starting any rank
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [(["--sweep"], "--sweep starts its own ranks"), (["--nproc", "3"], "leave --nproc out")],
+)
+def test_usage_errors_under_a_launcher(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+    flags: list[str],
+    words: str,
+) -> None:
+    """Mocked: a torchrun-style environment of 2 ranks (no rank is started)."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    assert main(["demo", "--out", str(tmp_path), *flags]) == 2
+    assert words in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--steps", "1"], "--steps=1 must be at least 2"),
+        (["--steps", "10", "--checkpoint-at", "10"], "--checkpoint-at=10 must be in [1"),
+        (["--n-embd", "30", "--n-head", "4"], "must be an even integer"),
+        (["--lr", "-1"], "--lr=-1.0 must be a positive number"),
+        (["--nproc", "0"], "--nproc=0 must be at least 1"),
+    ],
+)
+def test_bad_flags_are_usage_errors(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], flags: list[str], words: str
+) -> None:
+    assert main(["demo", "--out", str(tmp_path), *flags]) == 2
+    assert words in capfd.readouterr().err
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    steps=st.integers(2, 500),
+    nproc=st.none() | st.integers(1, 8),
+    sweep=st.booleans(),
+    lr=st.floats(1e-5, 1.0),
+    checkpoint_at=st.none() | st.integers(1, 1),
+)
+def test_config_survives_the_trip_through_flags(
+    steps: int, nproc: int | None, sweep: bool, lr: float, checkpoint_at: int | None
+) -> None:
+    config = DemoConfig(
+        out=Path("o"), steps=steps, nproc=nproc, sweep=sweep, lr=lr, checkpoint_at=checkpoint_at
+    )
+    parser = argparse.ArgumentParser()
+    add_demo_parser(parser.add_subparsers(dest="command"))
+    assert config_from_options(parser.parse_args(["demo", *config.to_argv()])) == config
+
+
+def test_config_rejects_resume_past_the_end() -> None:
+    with pytest.raises(DemoConfigError, match="--checkpoint-at=5"):
+        DemoConfig(out=Path("o"), steps=5, checkpoint_at=5)
+    config = DemoConfig(out=Path("o"), steps=5, checkpoint_at=4, resume_steps=3)
+    assert config.resume_compare_steps == 1
+
+
+def test_corpus_is_deterministic_ascii_sentences() -> None:
+    text = generate_text(seed=3, num_bytes=4000)
+    assert text == generate_text(seed=3, num_bytes=4000)
+    assert text != generate_text(seed=4, num_bytes=4000)
+    lines = text.splitlines()
+    assert all(line.endswith(".") and line[0].isupper() for line in lines)
+    tokens = encode(text)
+    assert tokens.dtype == torch.int64
+    assert int(tokens.max()) < 128
+    assert len(tokens) >= 4000
+
+
+def _adamw_reference_check(weight_decay: float) -> float:
+    """ZeroAdamW on this rank's half of a batch vs torch AdamW on the whole batch."""
+    rank, world = distcompat.get_rank(), distcompat.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    reference.load_state_dict(model.state_dict())
+    ours = ZeroAdamW(model.parameters(), lr=0.05, weight_decay=weight_decay)
+    theirs = torch.optim.AdamW(
+        reference.parameters(), lr=0.05, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay
+    )
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x, y = torch.randn(8, 3, generator=gen), torch.randn(8, 1, generator=gen)
+        half = slice(rank * 8 // world, (rank + 1) * 8 // world)
+        torch.autograd.backward(torch.nn.functional.mse_loss(model(x[half]), y[half]))
+        ours.step()
+        ours.zero_grad()
+        torch.autograd.backward(torch.nn.functional.mse_loss(reference(x), y))
+        theirs.step()
+        theirs.zero_grad()
+    ours.close()
+    return max(
+        (a - b).abs().max().item()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_zero_adamw_matches_torch_adamw_on_two_ranks(weight_decay: float) -> None:
+    # Linear(3, 5) has 15 + 5 parameters: odd sizes exercise the padded shards.
+    for diff in run_on_ranks(_adamw_reference_check, 2, args=(weight_decay,)):
+        assert diff < 1e-5
+
+
+def _state_round_trip() -> dict[str, Any]:
+    model = torch.nn.Linear(3, 3)
+    opt = ZeroAdamW(model.parameters(), lr=0.1)
+    model(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    state = opt.state_dict()
+    fresh = ZeroAdamW(torch.nn.Linear(3, 3).parameters(), lr=0.1)
+    fresh.load_state_dict(state)
+    other = dict(state, rank=1 - state["rank"])
+    error = ""
+    try:
+        fresh.load_state_dict(other)
+    except OptimizerStateError as exc:
+        error = str(exc)
+    opt.close()
+    fresh.close()
+    return {"steps": fresh.steps_done, "error": error}
+
+
+def test_optimizer_state_is_per_rank() -> None:
+    for got in run_on_ranks(_state_round_trip, 2):
+        assert got["steps"] == 1
+        assert "ZeroAdamW state is sharded per rank" in got["error"]

@@ -1,0 +1,154 @@
+"""nanochat-shaped runtime helpers on real gloo groups of 1 and 2 ranks, and in a plain process.
+
+Hardware we do not have is mocked, and only that: a host that "has CUDA" is
+``torch.cuda.is_available() -> True`` (what nanochat's code asks) plus ``override_host`` with one
+CUDA device (what distcompat's placement asks); the CUDA dtype rules mock the device capability.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import replace
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import distcompat
+from distcompat._host import override_host, probe_host
+from distcompat.runtime import (
+    ComputeInit,
+    DistInfoTuple,
+    autodetect_device_type,
+    compute_cleanup,
+    compute_dtype,
+    compute_init,
+    get_dist_info,
+    print0,
+)
+from distcompat.testing import run_on_ranks
+
+
+def _compute_init_round_trip() -> dict[str, Any]:
+    distcompat.destroy_distributed()  # drop the harness's group: compute_init makes its own
+    ddp, rank, local_rank, world_size, device = compute_init("cpu", seed=None)
+    total = torch.tensor([float(rank + 1)])
+    dist.all_reduce(total)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print0("hello from print0")
+    result = {
+        "unpacked": (ddp, rank, local_rank, world_size, str(device)),
+        "dist_info": tuple(get_dist_info()),
+        "backend": str(dist.get_backend()),
+        "total": total.item(),
+        "printed": printed.getvalue(),
+    }
+    compute_cleanup()
+    result["after_cleanup"] = dist.is_initialized()
+    compute_cleanup()  # a second cleanup is a no-op
+    return result
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_compute_init_creates_a_gloo_group_for_cpu(world_size: int) -> None:
+    results = run_on_ranks(_compute_init_round_trip, world_size)
+    for rank, got in enumerate(results):
+        assert got["unpacked"] == (True, rank, rank, world_size, "cpu")
+        assert got["dist_info"] == (True, rank, rank, world_size)
+        assert got["backend"] == "gloo"
+        assert got["total"] == sum(range(1, world_size + 1))
+        assert got["printed"] == ("hello from print0\n" if rank == 0 else "")
+        assert got["after_cleanup"] is False
+
+
+def _cpu_run_on_claimed_cuda_host() -> tuple[str, str, str, str, str]:
+    distcompat.destroy_distributed()
+    host = replace(probe_host(), cuda_device_count=1, backends=probe_host().backends | {"nccl"})
+    with mock.patch("torch.cuda.is_available", return_value=True), override_host(host):
+        detected = autodetect_device_type()
+        init = compute_init("cpu", seed=None)
+        backend = str(dist.get_backend())
+        choice = compute_dtype(init.device)
+    compute_cleanup()
+    return detected, backend, str(init.device), str(choice.dtype), choice.reason
+
+
+def test_cpu_run_on_host_that_claims_cuda_gets_gloo_and_fp32() -> None:
+    """Mocked: torch.cuda.is_available() -> True and a one-GPU host (we have no GPU)."""
+    for detected, backend, device, dtype, reason in run_on_ranks(_cpu_run_on_claimed_cuda_host, 2):
+        assert detected == "cuda"  # the host claims CUDA ...
+        assert (backend, device, dtype) == ("gloo", "cpu", "torch.float32")  # ... the run is CPU
+        assert reason.startswith("float32: run device cpu")
+
+
+def test_single_process_has_no_group() -> None:
+    result = compute_init("cpu", seed=None)
+    try:
+        assert isinstance(result, ComputeInit)
+        assert tuple(result) == (False, 0, 0, 1, torch.device("cpu"))
+        assert result.world_size == 1
+        assert get_dist_info() == DistInfoTuple(False, 0, 0, 1)
+        assert not dist.is_initialized()
+    finally:
+        compute_cleanup()
+    compute_cleanup()
+
+
+def test_compute_init_seeds_like_nanochat() -> None:
+    compute_init("cpu", seed=7)
+    first = torch.rand(3)
+    compute_init("cpu", seed=7)
+    assert torch.equal(torch.rand(3), first)
+    compute_cleanup()
+
+
+@pytest.mark.parametrize("bad", ["gpu", "xla", "cuda:0", ""])
+def test_compute_init_rejects_unknown_device_types(bad: str) -> None:
+    with pytest.raises(ValueError, match="is not one of 'cuda', 'mps', 'cpu'"):
+        compute_init(bad)
+
+
+@pytest.mark.parametrize(
+    ("capability", "dtype", "words"),
+    [
+        ((9, 0), torch.bfloat16, "has bf16 tensor cores"),
+        ((8, 0), torch.bfloat16, "has bf16 tensor cores"),
+        ((7, 5), torch.float32, "predates bf16 tensor cores"),
+    ],
+)
+def test_compute_dtype_on_cuda_follows_the_device(
+    capability: tuple[int, int], dtype: torch.dtype, words: str
+) -> None:
+    """Mocked: the capability and name of a CUDA device (we have none)."""
+    with (
+        mock.patch("torch.cuda.get_device_capability", return_value=capability),
+        mock.patch("torch.cuda.get_device_name", return_value="Fake GPU"),
+    ):
+        choice = compute_dtype("cuda:0")
+    assert choice.dtype == dtype
+    assert words in choice.reason
+    assert "Fake GPU" in choice.reason
+
+
+@pytest.mark.parametrize("device", ["cpu", "mps", torch.device("cpu")])
+def test_compute_dtype_is_fp32_off_cuda(device: str | torch.device) -> None:
+    choice = compute_dtype(device)
+    assert choice.dtype == torch.float32
+    assert choice.reason.startswith("float32: run device")
+
+
+@pytest.mark.parametrize(
+    ("cuda", "mps", "expected"),
+    [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")],
+)
+def test_autodetect_device_type_order(cuda: bool, mps: bool, expected: str) -> None:
+    """Mocked: which accelerators torch reports."""
+    with (
+        mock.patch("torch.cuda.is_available", return_value=cuda),
+        mock.patch("torch.backends.mps.is_available", return_value=mps),
+    ):
+        assert autodetect_device_type() == expected
