@@ -17,6 +17,7 @@ The lines a training script writes::
 See docs/hangs.md for the symptom-by-symptom guide.
 """
 
+from distcompat.diagnostics._config import WatchdogConfig
 from distcompat.diagnostics._errors import HangError, SingleRankCollectiveError
 from distcompat.diagnostics._pitfalls import (
     Pitfall,
@@ -28,7 +29,7 @@ from distcompat.diagnostics._postmortem import DumpReadError, PostMortem, read_d
 from distcompat.diagnostics._records import CollectiveRecord
 from distcompat.diagnostics._regions import in_single_rank_region, single_rank_region
 from distcompat.diagnostics._report import HangReport, RankState
-from distcompat.diagnostics._watchdog import Watchdog, WatchdogConfig, watchdog
+from distcompat.diagnostics._watchdog import Watchdog, watchdog
 
 __all__ = [
     "CollectiveRecord",

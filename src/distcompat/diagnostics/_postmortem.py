@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from distcompat.diagnostics._dump import DUMP_FORMAT
 from distcompat.diagnostics._records import CollectiveRecord
 from distcompat.diagnostics._report import HangReport, RankState
 
 __all__ = ["DumpReadError", "PostMortem", "read_dumps"]
 
-_FORMAT = "distcompat-hang/1"
+_FORMAT = DUMP_FORMAT
 _WINDOW = 4  # calls shown side by side, ending at the newest sequence number
 
 

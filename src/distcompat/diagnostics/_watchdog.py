@@ -24,19 +24,14 @@ whose store distcompat does not know, the report covers this rank only (``why()`
 
 from __future__ import annotations
 
-import faulthandler
-import json
 import logging
 import os
-import socket
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,69 +39,16 @@ import torch.distributed as dist
 from distcompat.collectives._errors import PeerLostError, translate
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._channel import ChannelError, SideChannel
+from distcompat.diagnostics._config import Action, WatchdogConfig
+from distcompat.diagnostics._dump import rank_state, write_dump
 from distcompat.diagnostics._errors import HangError
-from distcompat.diagnostics._records import CollectiveRecord, Recorder, group_label, to_record
+from distcompat.diagnostics._records import CollectiveRecord, Recorder, to_record
 from distcompat.diagnostics._report import HangReport, RankState
 
-__all__ = ["Watchdog", "WatchdogConfig", "watchdog"]
+__all__ = ["Watchdog", "watchdog"]
 
-Action = Literal["raise", "report"]
 _LOG = "distcompat.diagnostics"
-_RECENT = 8  # history records each rank publishes with its account
 _BLAMED_STACKS = 8  # at most this many other ranks' stacks are fetched into a report
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WatchdogConfig:
-    """How a :class:`Watchdog` behaves.
-
-    ``timeout``: seconds a collective may take before a hang is declared. ``action``: ``"raise"``
-    (HangError on the stuck rank, and at the next collective on the others) or ``"report"``
-    (report, then keep waiting). ``dump_dir``: where ``rank<R>.json`` goes (default
-    ``<tmp>/distcompat-hangs``). ``grace``: seconds to wait for the other ranks' accounts
-    (default ``max(2, 3 * poll)``). ``poll``: seconds between two alarm checks (default
-    ``timeout / 4`` within 0.25-2 s). ``history``: collectives kept per rank.
-
-    Example:
-        >>> WatchdogConfig(timeout=8).poll_s, WatchdogConfig(timeout=8).grace_s
-        (2.0, 6.0)
-    """
-
-    timeout: float
-    action: Action = "raise"
-    dump_dir: Path | None = None
-    grace: float | None = None
-    poll: float | None = None
-    history: int = 64
-
-    def __post_init__(self) -> None:
-        if not self.timeout > 0:
-            raise ValueError(f"watchdog timeout={self.timeout!r} must be a positive number")
-        if self.action not in ("raise", "report"):
-            raise ValueError(f"watchdog action={self.action!r} must be 'raise' or 'report'")
-
-    @property
-    def poll_s(self) -> float:
-        """Seconds between alarm checks."""
-        return self.poll if self.poll is not None else min(2.0, max(0.25, self.timeout / 4))
-
-    @property
-    def grace_s(self) -> float:
-        """Seconds to wait for the other ranks' accounts."""
-        return self.grace if self.grace is not None else max(2.0, 3 * self.poll_s)
-
-    @property
-    def directory(self) -> Path:
-        """Where dumps are written."""
-        return self.dump_dir or Path(tempfile.gettempdir()) / "distcompat-hangs"
-
-
-def _stacks() -> str:
-    """All threads' Python stacks, as faulthandler prints them (works with a stuck C++ call)."""
-    with tempfile.TemporaryFile(mode="w+") as scratch:
-        faulthandler.dump_traceback(file=scratch, all_threads=True)
-        scratch.seek(0)
-        return scratch.read()
 
 
 class Watchdog:
@@ -135,7 +77,7 @@ class Watchdog:
         self._handled_at = -1.0  # monotonic time it was handled
         self._poisoned = False
         self._cv = threading.Condition()
-        self._request: str | None = None
+        self._request: tuple[str, float] | None = None  # (reason, op start) for the thread
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -302,7 +244,7 @@ class Watchdog:
         """Have the watchdog thread handle an incident (or reuse one handled since ``since``)."""
         with self._cv:
             if self._handled_at < since:
-                self._request = reason
+                self._request = (reason, since)
                 self._wake.set()
                 self._cv.wait_for(
                     lambda: self._handled_at >= since, timeout=self.config.grace_s + 5
@@ -319,7 +261,11 @@ class Watchdog:
             if self._stop.is_set():
                 return
             with self._cv:
-                reason, self._request = self._request, None
+                request, self._request = self._request, None
+                # An incident handled after the op began already covers it (another rank's alarm
+                # answered meanwhile): a second alarm would wait out the grace for ranks that
+                # have moved on or exited.
+                reason = request[0] if request and self._handled_at < request[1] else None
             if reason is None:
                 reason = self._stalled_async()
             try:
@@ -392,20 +338,7 @@ class Watchdog:
         return out
 
     def _state(self, reason: str) -> RankState:
-        snapshot = self._recorder.snapshot()
-        return RankState(
-            rank=self._rank,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            reason=reason,
-            world_group=group_label(None),
-            started=snapshot["started"],
-            completed=snapshot["completed"],
-            in_flight=tuple(CollectiveRecord.from_json(r) for r in snapshot["in_flight"]),
-            recent=tuple(CollectiveRecord.from_json(r) for r in snapshot["history"][-_RECENT:]),
-            published=time.time(),
-            stacks=_stacks(),
-        )
+        return rank_state(self._recorder, rank=self._rank, reason=reason)
 
     def _local_report(self, reason: str, why: str) -> HangReport:
         states: dict[int, RankState | None] = dict.fromkeys(range(self._world))
@@ -432,22 +365,11 @@ class Watchdog:
             self._cv.notify_all()
 
     def _write(self, report: HangReport) -> Path:
-        directory = self.config.directory
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"rank{self._rank}.json"
-        data = {
-            "format": "distcompat-hang/1",
-            "rank": self._rank,
-            "world_size": self._world,
-            "written": time.time(),
-            "history": self._recorder.snapshot()["history"],
-            "report": report.to_json(),
-            "text": report.describe(),
-        }
-        scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        scratch.write_text(json.dumps(data, indent=1))
-        os.replace(scratch, path)
-        return path
+        history = self._recorder.snapshot()["history"]
+        return write_dump(
+            self.config.directory, rank=self._rank, world_size=self._world, history=history,
+            report=report,
+        )  # fmt: skip
 
 
 def watchdog(
