@@ -37,6 +37,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from distcompat._local_ranks import is_launcher_variable, local_rank_environ
 from distcompat.demo._config import DemoConfig
 
 __all__ = [
@@ -63,11 +64,6 @@ _EXIT_GRACE_S = 15.0
 _TERMINATE_GRACE_S = 5.0
 _POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
-#: Variables of an outer launcher a child must not inherit (the test harness strips the same).
-_LAUNCHER_PREFIXES = (
-    "TORCHELASTIC_", "PET_", "GROUP_", "ROLE_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL",
-    "MV2_", "JSM_", "LSB_", "SM_", "AZUREML_", "AZ_BATCH", "KUBERNETES_",
-)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,28 +117,9 @@ def write_status(rank: int, exit_code: int, error: BaseException | None, trace: 
 
 
 def _child_environ(rank: int, nproc: int, port: int, status_dir: Path) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK"):
-        environ.pop(name, None)
-    environ.update(
-        {
-            "RANK": str(rank),
-            "LOCAL_RANK": str(rank),
-            "WORLD_SIZE": str(nproc),
-            "LOCAL_WORLD_SIZE": str(nproc),
-            "NODE_RANK": "0",
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "OMP_NUM_THREADS": "1",
-            PARENT_PID_VAR: str(os.getpid()),
-            STATUS_DIR_VAR: str(status_dir),
-        }
-    )
-    # gloo picks its interface from the host name, which is not always routable; every rank of
-    # this launch is on this machine.
-    if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
-        environ["GLOO_SOCKET_IFNAME"] = "lo"
+    environ = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
+    environ.update(local_rank_environ(rank, nproc, port, omp_threads="1"))
+    environ.update({PARENT_PID_VAR: str(os.getpid()), STATUS_DIR_VAR: str(status_dir)})
     return environ
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from distcompat._local_ranks import is_launcher_variable, local_rank_environ
 from distcompat.testing._worker import STACK_SIGNAL, worker_main
 
 __all__ = ["RankFailedError", "RankTimeoutError", "WorkerPool", "get_pool", "shutdown_pools"]
@@ -40,11 +41,6 @@ _ERROR_GRACE_S = 2.0
 _STACK_DUMP_S = 0.5
 #: Warm pools kept at once; the least recently used one is closed beyond this.
 _MAX_POOLS = 2
-#: Launcher variables a worker must not inherit from whatever launched the test run.
-_LAUNCHER_PREFIXES = (
-    "TORCHELASTIC_", "PET_", "GROUP_", "ROLE_", "SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL",
-    "MV2_", "JSM_", "LSB_", "SM_", "AZUREML_", "AZ_BATCH", "KUBERNETES_",
-)  # fmt: skip
 
 
 class RankFailedError(RuntimeError):
@@ -102,25 +98,6 @@ class _Rank:
     stack_path: Path
 
 
-def _worker_environ(rank: int, world_size: int, port: int) -> dict[str, str]:
-    environ = {
-        "RANK": str(rank),
-        "LOCAL_RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size),
-        "NODE_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-    }
-    # gloo picks its interface from the host name, which is not always routable (Accelerate pins
-    # lo for the same reason); the harness only ever talks to this machine.
-    if "GLOO_SOCKET_IFNAME" not in os.environ and Path("/sys/class/net/lo").exists():
-        environ["GLOO_SOCKET_IFNAME"] = "lo"
-    return environ
-
-
 class WorkerPool:
     """``world_size`` warm rank processes sharing one gloo (or other backend) group."""
 
@@ -133,7 +110,7 @@ class WorkerPool:
         self._reset_group = False
         self.ranks: list[_Rank] = []
         ctx = mp.get_context("spawn")
-        saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith(_LAUNCHER_PREFIXES)}
+        saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
         try:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
@@ -142,7 +119,7 @@ class WorkerPool:
                     target=worker_main,
                     args=(
                         theirs,
-                        _worker_environ(rank, world_size, self._store.port),
+                        local_rank_environ(rank, world_size, self._store.port),
                         backend,
                         group_timeout_s,
                         str(stack_path),
