@@ -38,6 +38,10 @@ def _refused() -> dict[str, str]:
             dist.broadcast_object_list([1], src=0)  # any torch.distributed collective
         except SingleRankCollectiveError as exc:
             seen["object"] = str(exc)
+        try:
+            distcompat.all_gather_object([None, None], {"loss": 1.0})  # MARK-object
+        except SingleRankCollectiveError as exc:
+            seen["distcompat_object"] = str(exc)
     seen["restored"] = str(dist.all_reduce is original)
     t = torch.ones(2)
     all_reduce(t)  # outside the region: runs
@@ -54,6 +58,7 @@ def test_region_refuses_distcompat_and_torch_collectives() -> None:
         assert f"test_diagnostics_regions.py:{_line_of('MARK-torch')}" in seen["torch"]
         assert seen["torch"].startswith("torch.distributed.all_reduce called at")
         assert seen["object"].startswith("torch.distributed.broadcast_object_list called at")
+        assert f"test_diagnostics_regions.py:{_line_of('MARK-object')}" in seen["distcompat_object"]
         assert seen["restored"] == "True"
         assert seen["after"] == "[2.0, 2.0]"
 

@@ -11,9 +11,7 @@ waiting forever for ranks that never come. For torch.distributed the module's co
 attributes are swapped for checking wrappers while any thread is in a region (restored when the
 last one leaves); the wrappers pass through for threads outside a region. Limit: a name bound
 before the region (``from torch.distributed import all_reduce``) is the original function and is
-not checked; so are distcompat's object collectives (``all_gather_object``, ...), which call a
-torch function distcompat looked up once. At world size 1, or without a group, nothing can hang
-and nothing is refused.
+not checked. At world size 1, or without a group, nothing can hang and nothing is refused.
 """
 
 from __future__ import annotations
