@@ -150,7 +150,7 @@ def test_breaking_out_and_iterating_again_continues_the_epoch() -> None:
     new_world=st.integers(1, 8),
     mode=st.sampled_from(SAMPLER_MODES),
     shuffle=st.booleans(),
-    stop=st.floats(0, 1),
+    stop=st.floats(0, 1, allow_subnormal=False),  # torch 2.4 inductor kernels set FTZ
     seed=st.integers(0, 2**16),
 )
 def test_resume_on_any_world_size_covers_the_epoch_once(

@@ -248,7 +248,7 @@ def _run(loaders: list[TokenLoader], steps: int | None, seq_len: int) -> list[in
     seq_len=st.integers(1, 8),
     old=st.tuples(st.integers(1, 4), st.integers(1, 3)),  # world, batch size
     new=st.tuples(st.integers(1, 4), st.integers(1, 3)),
-    stop=st.floats(0, 1),
+    stop=st.floats(0, 1, allow_subnormal=False),  # torch 2.4 inductor kernels set FTZ
     shuffle=st.booleans(),
     epoch=st.integers(0, 2),
 )
