@@ -26,6 +26,9 @@ _DTYPE_NAMES = [
 DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES}
 OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 LAYOUTS = ["contiguous", "transposed", "strided", "channels_last", "scalar", "empty"]
+#: The device of the case being run (set by run_case): every tensor a collective sees lives there;
+#: inputs and references are built on the CPU and compared there.
+_device = torch.device("cpu")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,7 @@ class Case:
     layout: str
     seed: int
     out_layout: str = ""  # layout of separate output tensors ('' = same as the inputs)
+    device: str = "cpu"  # where the tensors handed to the collective live ("cuda": this rank's GPU)
 
     @property
     def out(self) -> str:
@@ -83,11 +87,14 @@ class Placed:
 
 
 def place(logical: torch.Tensor, layout: str) -> Placed:
-    """Put ``logical`` into memory laid out as ``layout`` (values unchanged)."""
+    """Put ``logical`` into memory laid out as ``layout`` (same values), on the case's device."""
+    logical = logical.to(_device)
     if layout == "transposed" and logical.dim() == 2:
         tensor = logical.t().contiguous().t()
     elif layout == "strided" and logical.dim() == 2:
-        base = torch.empty(logical.shape[0], 2 * logical.shape[1], dtype=logical.dtype)
+        base = torch.empty(
+            logical.shape[0], 2 * logical.shape[1], dtype=logical.dtype, device=_device
+        )
         base.view(torch.uint8).fill_(0x5A)  # a sentinel pattern outside the view
         tensor = base[:, ::2]
         tensor.copy_(logical)
@@ -192,8 +199,14 @@ def _fdtype(dtype: torch.dtype) -> torch.dtype:
 
 def run_case(case: Case) -> str:
     """Run ``case`` on this rank; return 'ok', 'unsupported', 'n/a' or what went wrong."""
+    global _device
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = DTYPES[case.dtype]
+    _device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if case.device == "cuda"
+        else torch.device(case.device)
+    )
     runner = globals()[f"_case_{case.collective}"]
     try:
         problem: str | None = runner(case, rank, world, dtype)
@@ -209,8 +222,9 @@ def _inputs(
 
 
 def _check(placed: Placed, expected: torch.Tensor, op: str, what: str) -> str | None:
-    if not same(placed.tensor, expected, op):
-        return f"{what}: got {placed.tensor.tolist()} expected {expected.tolist()}"
+    actual = placed.tensor.cpu()
+    if not same(actual, expected, op):
+        return f"{what}: got {actual.tolist()} expected {expected.tolist()}"
     if not placed.outside_untouched():
         return f"{what}: memory outside the strided view was overwritten"
     return None
@@ -252,7 +266,7 @@ def _case_reduce_scatter_tensor(
     out = place(zeros(out_shape, dtype), case.out)
     C.reduce_scatter_tensor(out.tensor, source.tensor, op=reduce_op(case.op))
     expected = reference(xs, case.op).reshape(world, -1)[rank].reshape(out_shape)
-    if not _same_bytes(source.tensor, xs[rank]):
+    if not _same_bytes(source.tensor.cpu(), xs[rank]):
         return "reduce_scatter_tensor modified its input"
     return _check(out, expected, case.op, "reduce_scatter_tensor")
 

@@ -1,4 +1,4 @@
-"""distcompat.collectives on real gloo groups of 2 and 3 ranks.
+"""distcompat.collectives on real gloo groups of 2 and 3 ranks (and the identity at 1).
 
 Property tests draw an op, dtype, ReduceOp and memory layout; every rank checks its result
 against a reference computed from all ranks' inputs (tests/collective_cases.py).
@@ -6,6 +6,7 @@ against a reference computed from all ranks' inputs (tests/collective_cases.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import operator
 from typing import Any
@@ -13,7 +14,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from collective_cases import (
@@ -45,19 +46,56 @@ def _cases(collectives: list[str], with_op: bool) -> st.SearchStrategy[Case]:
     )
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 @SETTINGS
 @given(case=_cases(REDUCTIONS, with_op=True))
+# At world size 1 PREMUL_SUM on fp8 raised (torch has no fp8 mul kernel); the scale now upcasts.
+@example(case=Case("all_reduce", "float8_e4m3fn", "PREMUL_SUM", "strided", 0))
 def test_reductions_equal_reference(world_size: int, case: Case) -> None:
     expected = "ok" if reduction_is_defined(DTYPES[case.dtype], case.op) else "unsupported"
     assert run_on_ranks(run_case, world_size, args=(case,)) == [expected] * world_size
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [1, 2, 3])
 @SETTINGS
 @given(case=_cases(MOVEMENTS, with_op=False))
 def test_movement_equals_reference(world_size: int, case: Case) -> None:
     assert run_on_ranks(run_case, world_size, args=(case,)) == ["ok"] * world_size
+
+
+CUDA_SETTINGS = settings(max_examples=25, deadline=None)
+
+
+def _expected(case: Case) -> str:
+    if case.collective in REDUCTIONS and not reduction_is_defined(DTYPES[case.dtype], case.op):
+        return "unsupported"
+    return "ok"
+
+
+@pytest.mark.cuda
+@CUDA_SETTINGS
+@given(case=_cases(REDUCTIONS + MOVEMENTS, with_op=True))
+def test_cuda_tensors_through_gloo_equal_reference(case: Case) -> None:
+    """The same properties with CUDA tensors through gloo, 2 ranks sharing GPU 0.
+
+    Not yet run on a GPU: this task had none (see the closing notes of issue 3).
+    """
+    cuda_case = dataclasses.replace(case, device="cuda")
+    assert run_on_ranks(run_case, 2, args=(cuda_case,)) == [_expected(case)] * 2
+
+
+@pytest.mark.cuda
+@CUDA_SETTINGS
+@given(case=_cases(REDUCTIONS + MOVEMENTS, with_op=True))
+def test_nccl_equals_reference(case: Case) -> None:
+    """The same properties on NCCL, one rank per GPU (world size 1 on a one-GPU machine).
+
+    Not yet run on a GPU: this task had none (see the closing notes of issue 3).
+    """
+    world_size = torch.cuda.device_count()
+    cuda_case = dataclasses.replace(case, device="cuda")
+    expected = [_expected(case)] * world_size
+    assert run_on_ranks(run_case, world_size, backend="nccl", args=(cuda_case,)) == expected
 
 
 @pytest.mark.parametrize(

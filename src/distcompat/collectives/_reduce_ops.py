@@ -70,8 +70,13 @@ class ReducePlan:
 
     def scale_in_place(self, wire: torch.Tensor) -> None:
         """Premultiply by the PREMUL_SUM factor: all a reduction over one rank does."""
-        if self.factor is not None:
+        if self.factor is None:
+            return
+        try:
             wire.mul_(self.factor)
+        except NotImplementedError:  # fp8 (and older torch's uint16/32) have no mul kernel
+            wide = torch.complex128 if wire.is_complex() else torch.float64
+            wire.copy_(wire.to(wide) * self.factor)
 
     def finish(self, wire: torch.Tensor) -> None:
         """Apply the steps that follow the backend's op to the wire result, in place."""
