@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._group import global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
 
 __all__ = ["Capabilities", "capabilities"]
@@ -168,15 +169,11 @@ def _premul(factor: float) -> Any:
         return dist._make_nccl_premul_sum(factor)
 
 
-def _global(group: Any, group_rank: int) -> int:
-    return group_rank if group is None else dist.get_global_rank(group, group_rank)
-
-
 def _move(op: str, dtype: torch.dtype, group: Any) -> bool:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     mine = _value(rank, dtype)
     if op == "broadcast":
-        dist.broadcast(mine, src=_global(group, 0), group=group)
+        dist.broadcast(mine, src=global_rank(group, 0), group=group)
         return _equal(mine, _value(0, dtype))
     if op == "all_gather_into_tensor":
         out = torch.empty(world * 2, dtype=dtype)
@@ -197,8 +194,8 @@ def _future(op: str, group: Any) -> str:
     try:
         if op == "isend":  # a ring: send to the next rank, receive from the previous one
             sink = torch.empty(world * 2)
-            work = dist.isend(value, dst=_global(group, (rank + 1) % world), group=group)
-            receive = dist.irecv(sink, src=_global(group, (rank - 1) % world), group=group)
+            work = dist.isend(value, dst=global_rank(group, (rank + 1) % world), group=group)
+            receive = dist.irecv(sink, src=global_rank(group, (rank - 1) % world), group=group)
             assert work is not None
             assert receive is not None
             try:
@@ -210,7 +207,7 @@ def _future(op: str, group: Any) -> str:
         calls = {
             "all_reduce": lambda: dist.all_reduce(value, group=group, async_op=True),
             "broadcast": lambda: dist.broadcast(
-                value, src=_global(group, 0), group=group, async_op=True),
+                value, src=global_rank(group, 0), group=group, async_op=True),
             "all_gather_into_tensor": lambda: all_gather_flat(
                 torch.empty(world * world * 2), value, group=group, async_op=True),
             "reduce_scatter_tensor": lambda: reduce_scatter_flat(

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from distcompat.collectives import all_reduce, broadcast, broadcast_object_list
-from distcompat.collectives._group import backend_for, group_size
+from distcompat.collectives._group import backend_for, global_rank, group_size
 
 __all__ = ["all_have_data", "join_uneven"]
 
@@ -71,19 +71,13 @@ def all_have_data(flag: bool, group: Any = None) -> bool:
     return bool(agreed.item())
 
 
-def _global_rank(group: Any, group_rank: int) -> int:
-    if group is None or group is dist.group.WORLD:
-        return group_rank
-    return dist.get_global_rank(group, group_rank)
-
-
 def _source_rank(is_last_joiner: bool, group: Any, device: torch.device) -> int:
     """Agree on the highest group rank among the last joiners (DDP's rule); return it global."""
     candidate = torch.tensor(
         [dist.get_rank(group) if is_last_joiner else -1], dtype=torch.int64, device=device
     )
     all_reduce(candidate, op=dist.ReduceOp.MAX, group=group)
-    return _global_rank(group, int(candidate.item()))
+    return global_rank(group, int(candidate.item()))
 
 
 def _sync_module(module: torch.nn.Module, src: int, group: Any) -> None:

@@ -21,6 +21,8 @@ from typing import Any, NoReturn
 
 import torch.distributed as dist
 
+from distcompat.collectives._group import global_rank
+
 __all__ = [
     "CollectiveError",
     "CollectiveTimeoutError",
@@ -61,7 +63,7 @@ def _other_rank(group: Any) -> int | None:
             return None
         me = dist.get_rank(group)
         other = 1 - me
-        return other if group is None else dist.get_global_rank(group, other)
+        return global_rank(group, other)
     except (RuntimeError, ValueError):
         return None
 

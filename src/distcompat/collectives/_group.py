@@ -12,7 +12,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["NotInGroupError", "backend_for", "group_size", "is_root", "rank_in", "root_kwargs"]
+__all__ = [
+    "NotInGroupError",
+    "backend_for",
+    "global_rank",
+    "group_size",
+    "is_root",
+    "rank_in",
+    "root_kwargs",
+]
 
 
 class NotInGroupError(ValueError):
@@ -42,6 +50,17 @@ def rank_in(group: Any) -> int:
 
 
 _backends: weakref.WeakKeyDictionary[Any, dict[str, str]] = weakref.WeakKeyDictionary()
+
+
+def global_rank(group: Any, group_rank: int) -> int:
+    """Return the global rank of ``group_rank`` in ``group`` (the same rank for the default group).
+
+    torch's ``get_global_rank`` refuses ``group.WORLD`` itself, so the default group, named as
+    None or as ``dist.group.WORLD``, is answered here.
+    """
+    if group is None or group is dist.group.WORLD:
+        return group_rank
+    return dist.get_global_rank(group, group_rank)
 
 
 def is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
-from distcompat.collectives._group import backend_for, group_size, is_root, rank_in
+from distcompat.collectives._group import backend_for, global_rank, group_size, is_root, rank_in
 from distcompat.collectives._native import all_gather_flat
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
@@ -65,7 +65,7 @@ def _global(group: Any, src: int | None, group_src: int | None) -> int:
         if src is None:
             raise ValueError("name the source rank: src= (global) or group_src= (in the group)")
         return src
-    return group_src if group is None else dist.get_global_rank(group, group_src)
+    return global_rank(group, group_src)
 
 
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
