@@ -31,6 +31,7 @@ __all__ = [
     "CHECKSUM_ALGORITHM",
     "TMP_MARK",
     "FileDigest",
+    "atomic_path",
     "atomic_save",
     "atomic_write_bytes",
     "atomic_write_json",
@@ -80,8 +81,21 @@ def _tmp_name(path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path next to ``path``; once the block has filled it, fsync and rename it."""
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; once the block has filled it, fsync and rename it.
+
+    The block may write the temp file any way it likes (``open``, ``mmap``, ``torch.save``). A
+    failure removes it and leaves ``path`` as it was.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     target = Path(tmp, "out.txt")
+        ...     with atomic_path(target) as scratch:
+        ...         _ = scratch.write_text("done")
+        ...     target.read_text()
+        'done'
+    """
     tmp = _tmp_name(path)
     try:
         yield tmp
@@ -113,7 +127,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
         ...     target.read_bytes()
         b'hello'
     """
-    with _atomic_path(Path(path)) as tmp, open(tmp, "xb") as handle:
+    with atomic_path(Path(path)) as tmp, open(tmp, "xb") as handle:
         handle.write(data)
 
 
@@ -149,7 +163,7 @@ def atomic_save(obj: object, path: str | os.PathLike[str]) -> None:
         ...     torch.load(pathlib.Path(tmp, "model.pt"), weights_only=True)["w"]
         tensor([1., 1.])
     """
-    with _atomic_path(Path(path)) as tmp:
+    with atomic_path(Path(path)) as tmp:
         torch.save(obj, tmp)  # to a path, torch writes from C++: faster than through a handle
 
 

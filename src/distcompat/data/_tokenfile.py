@@ -24,7 +24,6 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-import tempfile
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+
+from distcompat.checkpoint._atomic import atomic_path
 
 __all__ = [
     "BIG_ENDIAN",
@@ -161,24 +162,14 @@ def write_tokens(
         data = swap_bytes(data)
     target = Path(path)
     nbytes = data.numel() * _WIDTH[storage]
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
+    with atomic_path(target) as scratch, open(scratch, "xb+") as handle:
         if nbytes:
-            os.ftruncate(fd, nbytes)
-            with mmap.mmap(fd, nbytes, access=mmap.ACCESS_WRITE) as mapped:
+            handle.truncate(nbytes)
+            with mmap.mmap(handle.fileno(), nbytes, access=mmap.ACCESS_WRITE) as mapped:
                 view = torch.frombuffer(mapped, dtype=storage)
                 view.copy_(data)
                 del view  # release the buffer export before the mapping closes
                 mapped.flush()
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, target)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return target
 
 

@@ -38,6 +38,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distcompat._local_ranks import is_launcher_variable, local_rank_environ
+from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._config import DemoConfig
 
 __all__ = [
@@ -109,10 +110,7 @@ def write_status(rank: int, exit_code: int, error: BaseException | None, trace: 
         return False
     summary = None if error is None else f"{type(error).__module__}.{type(error).__name__}: {error}"
     status = {"rank": rank, "exit_code": exit_code, "error": summary, "traceback": trace}
-    path = Path(folder, f"rank-{rank}.json")
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(status), encoding="utf-8")
-    tmp.replace(path)
+    atomic_write_json(Path(folder, f"rank-{rank}.json"), status)
     return True
 
 
