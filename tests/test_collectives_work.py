@@ -147,7 +147,7 @@ def test_bounded_wait_raises_and_keeps_group_usable() -> None:
 
 
 def _survivor_sees(fault: str, record: str) -> None:
-    """Rank 1 is SIGKILLed or SIGSTOPped mid all_reduce; rank 0 writes what it saw to ``record``."""
+    """The last rank is SIGKILLed or SIGSTOPped mid all_reduce; the others record what they saw."""
     import json
     import os
     import signal
@@ -155,11 +155,11 @@ def _survivor_sees(fault: str, record: str) -> None:
 
     from distcompat.collectives import CollectiveTimeoutError, PeerLostError
 
-    rank = dist.get_rank()
-    group = dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=2))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(ranks=list(range(world)), timeout=timedelta(seconds=2))
     dist.barrier(group=group)
-    if rank == 1:
-        time.sleep(0.3)  # let rank 0 enter the collective first
+    if rank == world - 1:
+        time.sleep(0.3)  # let the others enter the collective first
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         time.sleep(60)
     started = time.monotonic()
@@ -172,13 +172,15 @@ def _survivor_sees(fault: str, record: str) -> None:
             "error": type(exc).__name__,
             "bases": [base.__name__ for base in type(exc).__mro__],
             "peer": exc.peer,
+            "peers": list(exc.peers),
             "message": str(exc),
         }
     seen["after_s"] = time.monotonic() - started
-    with open(record, "w") as out:
+    with open(f"{record}.rank{rank}", "w") as out:
         json.dump(seen, out)
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize(
     ("fault", "error", "base", "within_s"),
     [
@@ -187,18 +189,24 @@ def _survivor_sees(fault: str, record: str) -> None:
     ],
 )
 def test_lost_and_stuck_peers_raise_typed_errors(
-    fault: str, error: str, base: str, within_s: float, tmp_path: Any
+    fault: str, error: str, base: str, within_s: float, world_size: int, tmp_path: Any
 ) -> None:
+    """Every survivor gets the typed error naming the victim: in a pair it is the other rank; in
+    a group of three it is found from the identities ranks published at init (a killed process
+    is gone or a zombie, a stopped one is in state T)."""
     import json
 
     from distcompat.testing import RankFailedError, RankTimeoutError
 
-    record = tmp_path / "seen.json"
-    with pytest.raises((RankFailedError, RankTimeoutError)):  # rank 1 died or hung, by design
-        run_on_ranks(_survivor_sees, 2, args=(fault, str(record)), timeout=15)
-    seen = json.loads(record.read_text())
-    assert seen["error"] == error
-    assert base in seen["bases"]
-    assert seen["peer"] == 1
-    assert "(rank 1)" in seen["message"]
-    assert seen["after_s"] < within_s
+    record = tmp_path / "seen"
+    victim = world_size - 1
+    with pytest.raises((RankFailedError, RankTimeoutError)):  # the victim died or hung, by design
+        run_on_ranks(_survivor_sees, world_size, args=(fault, str(record)), timeout=15)
+    for rank in range(victim):
+        seen = json.loads((tmp_path / f"seen.rank{rank}").read_text())
+        assert seen["error"] == error
+        assert base in seen["bases"]
+        assert seen["peer"] == victim
+        assert seen["peers"] == [victim]
+        assert f"(rank {victim})" in seen["message"]
+        assert seen["after_s"] < within_s

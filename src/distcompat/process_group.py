@@ -38,6 +38,7 @@ from distcompat._placement import (
     choose_timeout,
     resolve_device,
 )
+from distcompat.collectives._peers import publish as publish_identity
 from distcompat.env import LaunchEnv
 
 __all__ = [
@@ -274,6 +275,7 @@ def _adopt(
         device = "cuda" if "nccl" in backend else "xpu" if "xccl" in backend else "cpu"
     chosen = resolve_device(device, local_rank=local_rank, env=launch, host=probe_host())
     _bind(chosen)
+    publish_identity()
     if timeout is None:
         group_timeout, timeout_reason = None, "unknown: the adopted group keeps its owner's timeout"
     else:
@@ -351,6 +353,7 @@ def _create_group(
         timeout=waited.timeout,
         device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
     )
+    publish_identity()  # so a lost peer can be named in groups larger than two
     return DistInfo(
         rank=launch.rank,
         local_rank=launch.local_rank,

@@ -3,7 +3,8 @@
 gloo reports both as a plain ``RuntimeError`` (reliability.md, 2.2): a dead peer shows up within
 about 0.1 s as "Connection reset by peer" / "Connection closed by peer"; a stuck one only when
 the group's timeout expires, as "Timed out waiting ...ms". After a timeout the group is unusable
-on every rank. distcompat raises::
+on every rank. The rank at fault is named: in a pair it is the other rank; in larger groups
+``_peers`` finds it from the identities ranks published at init. distcompat raises::
 
     try:
         all_reduce(loss)
@@ -22,6 +23,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from distcompat.collectives._group import global_rank
+from distcompat.collectives._peers import lost_peers, stopped_peers
 
 __all__ = [
     "CollectiveError",
@@ -37,12 +39,16 @@ _TIMEOUT = ("timed out", "application timeout caused pair closure", "operation t
 
 
 class CollectiveError(RuntimeError):
-    """A collective failed; ``peer`` is the rank at fault when it can be known, else None."""
+    """A collective failed; ``peer`` is the rank at fault when it can be known, else None.
 
-    def __init__(self, message: str, *, op: str, peer: int | None) -> None:
+    ``peers`` holds every rank found at fault (global ranks, lowest first); ``peer`` is the first.
+    """
+
+    def __init__(self, message: str, *, op: str, peer: int | None, peers: tuple[int, ...] = ()):
         super().__init__(message)
         self.op = op
         self.peer = peer
+        self.peers = peers or (() if peer is None else (peer,))
 
 
 class PeerLostError(CollectiveError, ConnectionError):
@@ -56,16 +62,16 @@ class CollectiveTimeoutError(CollectiveError, TimeoutError):
     """
 
 
-def _other_rank(group: Any) -> int | None:
-    """Return the peer's global rank when the group has exactly two ranks, else None."""
+def _at_fault(group: Any, lost: bool, text: str) -> tuple[int, ...]:
+    """Return the global ranks to blame: the other rank of a pair, else what ``_peers`` finds."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
     try:
-        if dist.get_world_size(group) != 2:
-            return None
-        me = dist.get_rank(group)
-        other = 1 - me
-        return global_rank(group, other)
+        if dist.get_world_size(group) == 2:
+            return (global_rank(group, 1 - dist.get_rank(group)),)
+        return lost_peers(group, text) if lost else stopped_peers(group)
     except (RuntimeError, ValueError):
-        return None
+        return ()
 
 
 def translate(exc: BaseException, op: str, group: Any) -> BaseException:
@@ -88,9 +94,14 @@ def translate(exc: BaseException, op: str, group: Any) -> BaseException:
         what = "timed out: a peer is alive but not taking part (the group is unusable now)"
     else:
         return exc
-    peer = _other_rank(group) if dist.is_available() and dist.is_initialized() else None
-    named = f" (rank {peer})" if peer is not None else ""
-    error = kind(f"{op}: {what}{named}. Backend said: {text}", op=op, peer=peer)
+    peers = _at_fault(group, kind is PeerLostError, text)
+    named = f" (rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))})" if peers else ""
+    error = kind(
+        f"{op}: {what}{named}. Backend said: {text}",
+        op=op,
+        peer=peers[0] if peers else None,
+        peers=peers,
+    )
     error.__cause__ = exc
     return error
 

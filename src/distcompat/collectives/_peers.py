@@ -1,0 +1,216 @@
+"""Which peer went away: naming the rank behind "Connection reset by peer" in any group size.
+
+gloo says *that* a peer is gone, not *which*: its message carries only the socket's address
+(``Read error [127.0.0.1]:35036``, reliability.md 2.2). In a group of two the answer is the other
+rank; in a larger group distcompat finds it from identities every rank published when its group
+was set up (:func:`publish`, called by ``init_distributed``)::
+
+    {"host": "node3", "machine": "<boot id>/<pid namespace>", "pid": 4121, "start": 88213,
+     "addrs": ["10.0.0.3", ...]}
+
+When a peer is lost, :func:`lost_peers` reads the group's identities back from the store and
+
+* on this machine (same boot id and pid namespace): a peer whose process is gone, a zombie, or
+  a different process under a recycled pid is dead, found within half a second of the error;
+* on another machine: the address in gloo's message picks the host, named when it runs one rank
+  of the group.
+
+A stuck peer (:func:`stopped_peers`) can only be told apart when it is on this machine and
+stopped (SIGSTOP, a debugger). Everything here is best effort: no identity, an unreachable store
+or a non-Linux host gives no name, never a wrong one and never a new error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from distcompat.collectives._group import global_rank
+
+__all__ = ["Identity", "lost_peers", "publish", "stopped_peers"]
+
+_KEY = "distcompat/peer/rank{}"
+_ADDRESS = re.compile(r"\[([0-9a-fA-F:.]+)\]:\d+")
+_SETTLE_S = 0.5  # a killed process is a zombie within milliseconds of its sockets closing
+_SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """What tells one rank's process apart: where it runs and which process it is."""
+
+    host: str
+    machine: str  # boot id + pid namespace: equal means a pid here names the same process
+    pid: int
+    start: int  # process start time in clock ticks since boot (guards against pid reuse)
+    addrs: tuple[str, ...]
+
+    @classmethod
+    def here(cls) -> Identity:
+        """Return this process's identity."""
+        pid = os.getpid()
+        return cls(socket.gethostname(), _machine(), pid, _stat(pid)[1], _addresses())
+
+    def to_json(self) -> str:
+        """Serialize for the store."""
+        return json.dumps(
+            {"host": self.host, "machine": self.machine, "pid": self.pid, "start": self.start,
+             "addrs": list(self.addrs)}
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Identity:
+        """Read an identity written by :meth:`to_json`."""
+        data = json.loads(text)
+        return cls(data["host"], data["machine"], data["pid"], data["start"], tuple(data["addrs"]))
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def _machine() -> str:
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    return f"{boot}/{namespace}" if boot and namespace else ""
+
+
+def _stat(pid: int) -> tuple[str, int]:
+    """Return (state letter, start time) of ``pid`` from /proc, or ("", 0) if there is none."""
+    text = _read(f"/proc/{pid}/stat")
+    fields = text.rpartition(")")[2].split()  # the command name may hold spaces and parens
+    if len(fields) < 20:
+        return "", 0
+    return fields[0], int(fields[19])
+
+
+def _addresses() -> tuple[str, ...]:
+    """Return this host's IPv4 addresses, one per interface (Linux; empty elsewhere)."""
+    found: list[str] = []
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            with contextlib.suppress(OSError):
+                answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+                found.append(socket.inet_ntoa(answer[20:24]))
+    return tuple(found)
+
+
+def _store() -> Any:
+    """Return the default group's store (torch keeps it privately), or None."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if getter is None:
+        return None
+    try:
+        return getter()
+    except (RuntimeError, ValueError):
+        return None
+
+
+def publish(rank: int | None = None) -> None:
+    """Write this process's :class:`Identity` to the default group's store (no collective).
+
+    ``init_distributed`` calls it, so a lost peer can be named in groups of any size.
+
+    Example:
+        >>> publish()   # no process group: nothing to write to
+    """
+    store = _store()
+    if store is None or not _machine():
+        return
+    rank = dist.get_rank() if rank is None else rank
+    with contextlib.suppress(RuntimeError, ValueError):
+        store.set(_KEY.format(rank), Identity.here().to_json())
+
+
+def _identities(group: Any) -> dict[int, Identity]:
+    """Return the published identities of ``group``'s other members (global rank -> identity)."""
+    store = _store()
+    if store is None:
+        return {}
+    me = dist.get_rank()
+    found: dict[int, Identity] = {}
+    for group_rank in range(dist.get_world_size(group)):
+        rank = global_rank(group, group_rank)
+        key = _KEY.format(rank)
+        if rank == me:
+            continue
+        try:
+            if store.check([key]):  # never blocks: a rank that did not publish is skipped
+                found[rank] = Identity.from_json(store.get(key))
+        except (RuntimeError, ValueError, KeyError):
+            return found  # the store itself is gone (its host died): name what is known
+    return found
+
+
+def _dead(peer: Identity) -> bool:
+    state, start = _stat(peer.pid)
+    return state in ("", "Z", "X") or start != peer.start
+
+
+def lost_peers(group: Any, message: str) -> tuple[int, ...]:
+    """Return the global ranks of ``group`` that went away, as far as they can be told.
+
+    Example:
+        >>> lost_peers(None, "Read error [127.0.0.1]:4242: Connection reset by peer")
+        ()
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
+    peers = _identities(group)
+    here = _machine()
+    local = {rank: peer for rank, peer in peers.items() if here and peer.machine == here}
+    deadline = time.monotonic() + _SETTLE_S
+    while local:
+        dead = tuple(sorted(rank for rank, peer in local.items() if _dead(peer)))
+        if dead or time.monotonic() >= deadline:
+            if dead:
+                return dead
+            break
+        time.sleep(0.01)
+    match = _ADDRESS.search(message)
+    if match is None or match.group(1).startswith("127."):
+        return ()
+    remote = [rank for rank, peer in peers.items() if match.group(1) in peer.addrs]
+    return tuple(remote) if len(remote) == 1 else ()
+
+
+def stopped_peers(group: Any) -> tuple[int, ...]:
+    """Return the global ranks of ``group`` on this machine whose process is stopped (SIGSTOP).
+
+    Example:
+        >>> stopped_peers(None)
+        ()
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
+    here = _machine()
+    return tuple(
+        sorted(
+            rank
+            for rank, peer in _identities(group).items()
+            if here
+            and peer.machine == here
+            and _stat(peer.pid)[0] in ("T", "t")
+            and _stat(peer.pid)[1] == peer.start
+        )
+    )
