@@ -26,6 +26,11 @@ _DTYPE_NAMES = [
 DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES}
 OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"]
 LAYOUTS = ["contiguous", "transposed", "strided", "channels_last", "scalar", "empty"]
+#: Which reduction plans a case runs under: the ones correct on every backend (no probe), the
+#: ones gloo's own capability probe picks, or those for a backend whose every all_reduce op the
+#: probe saw fail (a stand-in for backends we do not have: everything is gathered and reduced
+#: locally).
+PLANS = ["static", "probed", "failing"]
 #: The device of the case being run (set by run_case): every tensor a collective sees lives there;
 #: inputs and references are built on the CPU and compared there.
 _device = torch.device("cpu")
@@ -42,6 +47,7 @@ class Case:
     seed: int
     out_layout: str = ""  # layout of separate output tensors ('' = same as the inputs)
     device: str = "cpu"  # where the tensors handed to the collective live ("cuda": this rank's GPU)
+    plans: str = "static"  # one of PLANS
 
     @property
     def out(self) -> str:
@@ -207,12 +213,27 @@ def run_case(case: Case) -> str:
         if case.device == "cuda"
         else torch.device(case.device)
     )
+    _use_plans(case.plans, _device)
     runner = globals()[f"_case_{case.collective}"]
     try:
         problem: str | None = runner(case, rank, world, dtype)
     except UnsupportedCollectiveError:
         return "unsupported"
     return problem or "ok"
+
+
+def _use_plans(plans: str, device: torch.device) -> None:
+    """Make the default group's reductions follow ``plans`` (every rank calls this together)."""
+    from distcompat import capabilities
+    from distcompat.collectives._probed import ProbedCells, forget, remember
+
+    if plans == "probed":
+        capabilities()  # probes once per group, then cached
+    elif plans == "failing":
+        everything = {("all_reduce", n, o): "raises: simulated" for n in _DTYPE_NAMES for o in OPS}
+        remember(None, ProbedCells("simulated", device.type, everything))
+    else:
+        forget(None)
 
 
 def _inputs(

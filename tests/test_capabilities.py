@@ -68,3 +68,126 @@ def _collectives_still_work_after_probe() -> float:
 
 def test_probe_leaves_the_callers_group_usable() -> None:
     assert run_on_ranks(_collectives_still_work_after_probe, 2) == [2.0, 2.0]
+
+
+def _agreement() -> dict[str, str]:
+    import torch
+    import torch.distributed as dist
+
+    from distcompat._capabilities import Capabilities, _agree
+
+    rank = dist.get_rank()
+    caps = Capabilities(backend="gloo", torch_version="test", world_size=2)
+    caps.cells[("all_reduce", "float32", "SUM")] = "ok"
+    caps.cells[("all_reduce", "float32", "AVG")] = "ok" if rank == 0 else "WRONG"
+    caps.cells[("all_reduce", "int16", "SUM")] = "raises: Invalid scalar type"
+    caps.futures["isend"] = "native" if rank == 1 else "missing: not implemented"
+    _agree(caps, None, torch.device("cpu"))
+    return {
+        "sum": caps.cell("all_reduce", "float32", "SUM"),
+        "avg": caps.cell("all_reduce", "float32", "AVG"),
+        "int16": caps.cell("all_reduce", "int16", "SUM"),
+        "isend": caps.futures["isend"],
+    }
+
+
+def test_ranks_agree_on_every_cell() -> None:
+    """A result seen right on one rank and wrong on another counts as failed on both: the
+    collectives choose their path from these cells, and every rank must choose the same."""
+    zero, one = run_on_ranks(_agreement, 2)
+    assert zero["sum"] == one["sum"] == "ok"
+    assert zero["avg"] == "failed on another rank"
+    assert one["avg"] == "WRONG"
+    assert zero["int16"] == one["int16"] == "raises: Invalid scalar type"
+    assert zero["isend"] == "missing: not implemented"
+    assert one["isend"] == "failed on another rank"
+
+
+_COMBOS = [
+    ("float32", "AVG"), ("float64", "SUM"), ("bfloat16", "PREMUL_SUM"), ("bool", "BXOR"),
+    ("bool", "SUM"), ("int16", "BAND"), ("uint64", "MIN"), ("complex64", "AVG"),
+    ("int8", "MAX"), ("float8_e4m3fn", "PRODUCT"), ("uint32", "SUM"),
+]  # fmt: skip
+
+
+def _every_plan(world_size: int) -> dict[str, str]:
+    from collective_cases import PLANS, Case, run_case
+
+    return {
+        f"{plans} {dtype} {op} {layout}": run_case(
+            Case("all_reduce", dtype, op, layout, seed=world_size, plans=plans)
+        )
+        for plans in PLANS
+        for dtype, op in _COMBOS
+        for layout in ("contiguous", "transposed")
+    }
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_all_reduce_is_right_under_every_plan(world_size: int) -> None:
+    """The same all_reduce calls under the plans that hold everywhere, the plans gloo's probe
+    picks, and the plans for a backend whose every op the probe saw fail (all gathered)."""
+    from collective_cases import DTYPES, reduction_is_defined
+
+    for outcomes in run_on_ranks(_every_plan, world_size, args=(world_size,)):
+        for name, got in outcomes.items():
+            _, dtype, op, _ = name.split()
+            expected = "ok" if reduction_is_defined(DTYPES[dtype], op) else "unsupported"
+            assert got == expected, name
+
+
+def _explained() -> dict[str, Any]:
+    import torch
+
+    import distcompat.distributed as dist
+    from distcompat import explain_collective
+    from distcompat.collectives._probed import forget
+
+    R = dist.ReduceOp
+    ones = torch.ones(4)
+    forget(None)
+    seen: dict[str, Any] = {"before": explain_collective("all_reduce", ones, op=R.AVG)}
+    caps = capabilities()
+    seen["avg_cell"] = caps.cell("all_reduce", "float32", "AVG")
+    seen["after"] = explain_collective("all_reduce", ones, op=R.AVG)
+    seen["bool"] = explain_collective("all_reduce", ones.bool(), op=R.SUM)
+    seen["int16"] = explain_collective("all_reduce", ones.to(torch.int16), op=R.BAND)
+    seen["reduce"] = explain_collective("reduce", ones, op=R.AVG)
+    seen["transposed"] = explain_collective("all_reduce", torch.ones(2, 3).t())
+    seen["moved"] = explain_collective("broadcast", ones.to(torch.uint16))
+    sub = dist.new_group([0, 1])
+    seen["subgroup"] = explain_collective("all_reduce", ones, op=R.AVG, group=sub)
+    return seen
+
+
+def test_reductions_follow_the_probe_once_it_ran() -> None:
+    seen = run_on_ranks(_explained, 2)[0]
+    unprobed = "plan correct on every backend (group not probed: distcompat.capabilities)"
+    assert seen["before"].steps == ("avg-as-sum-then-divide",)
+    assert seen["before"].decided_by == unprobed
+    if seen["avg_cell"] == "ok":  # gloo has a native float AVG in newer torch releases
+        assert seen["after"].steps == ()
+        assert seen["after"].decided_by == "probe: all_reduce float32 AVG ok"
+    else:
+        assert seen["after"].steps == ("avg-as-sum-then-divide",)
+        assert seen["after"].decided_by == "probe: all_reduce float32 SUM ok"
+    assert seen["bool"].steps == ("bool-sum-as-max",)
+    assert seen["bool"].decided_by == "probe: all_reduce uint8 MAX ok"
+    assert seen["int16"].steps == ("int16-reduced-as-int32",)
+    assert seen["int16"].decided_by == "probe: all_reduce int32 BAND ok"
+    assert seen["reduce"].steps == ("avg-as-sum-then-divide",)  # the probe covers all_reduce
+    assert seen["reduce"].decided_by == unprobed
+    assert seen["transposed"].steps[0].startswith("staging")
+    assert seen["moved"].steps == ("uint16-moved-as-bytes",)
+    assert seen["subgroup"].decided_by == unprobed  # another group object: not probed together
+    assert "gloo" in str(seen["after"])
+    assert "world size 2" in str(seen["after"])
+
+
+def test_explain_refuses_an_unknown_collective() -> None:
+    import torch
+
+    from distcompat import explain_collective
+
+    with pytest.raises(ValueError, match="all_reduce_typo"):
+        explain_collective("all_reduce_typo", torch.ones(1))

@@ -29,6 +29,7 @@ from distcompat.checkpoint import (
 )
 from distcompat.collectives import (
     CollectiveError,
+    CollectivePlan,
     CollectiveTimeoutError,
     CompatWork,
     NoPeerError,
@@ -45,6 +46,7 @@ from distcompat.collectives import (
     all_to_all_single,
     broadcast,
     broadcast_object_list,
+    explain_collective,
     gather,
     gather_object,
     irecv,
@@ -140,6 +142,7 @@ __all__ = [
     "CheckpointNotFoundError",
     "CheckpointSyncError",
     "CollectiveError",
+    "CollectivePlan",
     "CollectiveTimeoutError",
     "CompatWork",
     "DeviceBindingError",
@@ -176,6 +179,7 @@ __all__ = [
     "destroy_distributed",
     "distributed_session",
     "explain_attention",
+    "explain_collective",
     "gather",
     "gather_object",
     "get_local_rank",

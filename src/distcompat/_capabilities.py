@@ -3,7 +3,7 @@
 Version tables go stale and DeepSpeed-style "torch >= X" checks guess. :func:`capabilities`
 runs tiny collectives through *raw* ``torch.distributed`` on a private copy of the group, checks
 each result against a reference computed locally from every rank's input, and caches the answer
-per (backend, torch version, world size)::
+per process group (every member asks together, so every member holds the same answer)::
 
     caps = distcompat.capabilities()        # every rank calls it: it runs collectives
     print(caps.table())                      # markdown: op x dtype -> ok / WRONG / raises
@@ -16,6 +16,7 @@ hangs would only stall the private group until its 20 s timeout, never the calle
 from __future__ import annotations
 
 import functools
+import weakref
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -23,8 +24,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._group import global_rank
+from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
+from distcompat.collectives._probed import ProbedCells, remember
 
 __all__ = ["Capabilities", "capabilities"]
 
@@ -52,6 +54,7 @@ class Capabilities:
     backend: str
     torch_version: str
     world_size: int
+    device_type: str = "cpu"
     cells: dict[tuple[str, str, str], str] = field(default_factory=dict)
     futures: dict[str, str] = field(default_factory=dict)
     layouts: dict[tuple[str, str], str] = field(default_factory=dict)
@@ -86,14 +89,16 @@ class Capabilities:
         return "\n".join(lines)
 
 
-def _value(rank: int, dtype: torch.dtype) -> torch.Tensor:
+def _value(rank: int, dtype: torch.dtype, device: torch.device | None = None) -> torch.Tensor:
     """Return a rank's probe input: two small values whose reductions are exact in any dtype."""
     base = torch.tensor([rank + 1, 2])
     if dtype == torch.bool:
-        return torch.tensor([rank % 2 == 0, True])
-    if dtype.is_complex:
-        return torch.complex(base.double(), base.double()).to(dtype)
-    return base.to(dtype)
+        value = torch.tensor([rank % 2 == 0, True])
+    elif dtype.is_complex:
+        value = torch.complex(base.double(), base.double()).to(dtype)
+    else:
+        value = base.to(dtype)
+    return value if device is None else value.to(device)
 
 
 def _reference(dtype: torch.dtype, op: str, world: int) -> torch.Tensor:
@@ -122,6 +127,7 @@ def _reference(dtype: torch.dtype, op: str, world: int) -> torch.Tensor:
 
 
 def _equal(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    got = got.cpu()
     if got.dtype == torch.bool and not bool((got.view(torch.uint8) <= 1).all()):
         return False  # non-canonical bool bytes: the next op on them goes wrong
     wide = torch.complex128 if got.dtype.is_complex else torch.float64
@@ -135,10 +141,21 @@ def _run(probe: Any) -> str:
         return f"raises: {str(exc).splitlines()[0][:80]}"
 
 
-def _probe(group: Any) -> Capabilities:
+def _probe_device(group: Any) -> torch.device:
+    """Return the device the probe's tensors live on: CPU unless the group only moves CUDA/XPU."""
+    if backend_for(group, torch.device("cpu")) not in ("nccl", "xccl"):
+        return torch.device("cpu")
+    kind = "cuda" if backend_for(group, torch.device("cpu")) == "nccl" else "xpu"
+    return torch.device(kind, getattr(torch, kind).current_device())
+
+
+def _probe(group: Any, device: torch.device) -> Capabilities:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     caps = Capabilities(
-        backend=str(dist.get_backend(group)), torch_version=torch.__version__, world_size=world
+        backend=backend_for(group, device),
+        torch_version=torch.__version__,
+        world_size=world,
+        device_type=device.type,
     )
     for name in _DTYPES:
         dtype = getattr(torch, name, None)
@@ -148,17 +165,40 @@ def _probe(group: Any) -> Capabilities:
             reduce_op = _premul(2.0) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
 
             def reduce_probe(d: torch.dtype = dtype, o: str = op, r: Any = reduce_op) -> bool:
-                value = _value(rank, d)
+                value = _value(rank, d, device)
                 dist.all_reduce(value, op=r, group=group)
                 return _equal(value, _reference(d, o, world))
 
             caps.cells[("all_reduce", name, op)] = _run(reduce_probe)
         for move in _MOVES:
-            caps.cells[(move, name, "-")] = _run(functools.partial(_move, move, dtype, group))
+            caps.cells[(move, name, "-")] = _run(
+                functools.partial(_move, move, dtype, group, device)
+            )
     for op in _FUTURE_OPS:
-        caps.futures[op] = _future(op, group)
-    caps.layouts[("all_reduce", "strided view")] = _run(functools.partial(_strided, group))
+        caps.futures[op] = _future(op, group, device)
+    caps.layouts[("all_reduce", "strided view")] = _run(functools.partial(_strided, group, device))
+    _agree(caps, group, device)
     return caps
+
+
+def _agree(caps: Capabilities, group: Any, device: torch.device) -> None:
+    """Make every rank's results the same: a cell is 'ok' only where it was ok on every rank.
+
+    The collectives choose their path from these cells, and every rank must choose the same
+    (a rank that saw a right answer where another saw a wrong one takes the shim with it).
+    """
+    tables: list[dict[Any, str]] = [caps.cells, caps.futures, caps.layouts]
+    good = ("ok", "native")
+    flags = [float(value in good) for table in tables for value in table.values()]
+    agreed = torch.tensor(flags, device=device)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+    everywhere = iter(agreed.tolist())
+    for table in tables:
+        for key, value in table.items():
+            if value in good and not next(everywhere):
+                table[key] = "failed on another rank"
+            elif value not in good:
+                next(everywhere)
 
 
 def _premul(factor: float) -> Any:
@@ -169,31 +209,31 @@ def _premul(factor: float) -> Any:
         return dist._make_nccl_premul_sum(factor)
 
 
-def _move(op: str, dtype: torch.dtype, group: Any) -> bool:
+def _move(op: str, dtype: torch.dtype, group: Any, device: torch.device) -> bool:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    mine = _value(rank, dtype)
+    mine = _value(rank, dtype, device)
     if op == "broadcast":
         dist.broadcast(mine, src=global_rank(group, 0), group=group)
         return _equal(mine, _value(0, dtype))
     if op == "all_gather_into_tensor":
-        out = torch.empty(world * 2, dtype=dtype)
+        out = torch.empty(world * 2, dtype=dtype, device=device)
         all_gather_flat(out, mine, group=group)
         return _equal(out, torch.cat([_value(r, dtype) for r in range(world)]))
     if op == "reduce_scatter_tensor":
-        out = torch.empty(2, dtype=dtype)
+        out = torch.empty(2, dtype=dtype, device=device)
         reduce_scatter_flat(out, torch.cat([mine] * world), group=group)
         return _equal(out, _reference(dtype, "SUM", world))
-    out = torch.empty(world * 2, dtype=dtype)
+    out = torch.empty(world * 2, dtype=dtype, device=device)
     dist.all_to_all_single(out, torch.cat([mine] * world), group=group)
     return _equal(out, torch.cat([_value(r, dtype) for r in range(world)]))
 
 
-def _future(op: str, group: Any) -> str:
+def _future(op: str, group: Any, device: torch.device) -> str:
     rank, world = dist.get_rank(group), dist.get_world_size(group)
-    value = torch.ones(world * 2)
+    value = torch.ones(world * 2, device=device)
     try:
         if op == "isend":  # a ring: send to the next rank, receive from the previous one
-            sink = torch.empty(world * 2)
+            sink = torch.empty(world * 2, device=device)
             work = dist.isend(value, dst=global_rank(group, (rank + 1) % world), group=group)
             receive = dist.irecv(sink, src=global_rank(group, (rank - 1) % world), group=group)
             assert work is not None
@@ -209,9 +249,9 @@ def _future(op: str, group: Any) -> str:
             "broadcast": lambda: dist.broadcast(
                 value, src=global_rank(group, 0), group=group, async_op=True),
             "all_gather_into_tensor": lambda: all_gather_flat(
-                torch.empty(world * world * 2), value, group=group, async_op=True),
+                torch.empty(world * world * 2, device=device), value, group=group, async_op=True),
             "reduce_scatter_tensor": lambda: reduce_scatter_flat(
-                torch.empty(2), value, group=group, async_op=True),
+                torch.empty(2, device=device), value, group=group, async_op=True),
             "all_to_all_single": lambda: dist.all_to_all_single(
                 torch.empty_like(value), value, group=group, async_op=True),
         }  # fmt: skip
@@ -226,8 +266,8 @@ def _future(op: str, group: Any) -> str:
         return f"missing: {str(exc).splitlines()[0][:60]}"
 
 
-def _strided(group: Any) -> bool:
-    base = torch.zeros(2, 4)
+def _strided(group: Any, device: torch.device) -> bool:
+    base = torch.zeros(2, 4, device=device)
     view = base[:, ::2]
     view.fill_(1.0)
     dist.all_reduce(view, group=group)
@@ -235,15 +275,17 @@ def _strided(group: Any) -> bool:
     return bool((view == world).all()) and bool((base[:, 1::2] == 0).all())
 
 
-_cache: dict[tuple[str, str, int], Capabilities] = {}
+_cache: weakref.WeakKeyDictionary[Any, Capabilities] = weakref.WeakKeyDictionary()
 
 
 def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
-    """Probe (once per backend, torch version and world size) what ``group``'s backend does.
+    """Probe (once per process group) what ``group``'s backend does.
 
     Every rank of ``group`` must call it together: it creates a private group and runs about
-    150 tiny collectives on it (tens of milliseconds on gloo). Without a process group there is
-    nothing to probe and the result is empty, for the backend ``"none"``.
+    150 tiny collectives on it (tens of milliseconds on gloo). The results are the same on every
+    rank, and from then on distcompat's reductions on ``group`` follow them: the native op where
+    it proved correct, a named shim where it did not (see ``explain_collective``). Without a
+    process group there is nothing to probe and the result is empty, for the backend ``"none"``.
 
     Example:
         >>> capabilities().backend   # no process group here
@@ -251,16 +293,18 @@ def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return Capabilities(backend="none", torch_version=torch.__version__, world_size=1)
-    key = (str(dist.get_backend(group)), torch.__version__, dist.get_world_size(group))
+    key = group if group is not None else dist.group.WORLD
     if refresh or key not in _cache:
-        ranks = dist.get_process_group_ranks(group) if group is not None else None
+        ranks = dist.get_process_group_ranks(key)
         private = dist.new_group(ranks=ranks, timeout=_PROBE_TIMEOUT)
         try:
-            _cache[key] = _probe(private)
+            _cache[key] = _probe(private, _probe_device(group))
             # A rank that finishes first must not tear the private group down while a peer is
             # still receiving its last probe message (seen on torch 2.4: the next new_group
             # hangs). A barrier on the caller's group proves every rank is done with it.
             dist.barrier(group=group)
         finally:
             dist.destroy_process_group(private)
-    return _cache[key]
+    caps = _cache[key]
+    remember(group, ProbedCells(caps.backend, caps.device_type, dict(caps.cells)))
+    return caps

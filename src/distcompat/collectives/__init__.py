@@ -24,6 +24,7 @@ from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
+from distcompat.collectives._explain import CollectivePlan, explain_collective
 from distcompat.collectives._group import NotInGroupError
 from distcompat.collectives._movement import (
     all_gather,
@@ -63,6 +64,7 @@ reduce_scatter_single = reduce_scatter_tensor
 __all__ = [
     "CollectiveError",
     "CollectiveMismatchError",
+    "CollectivePlan",
     "CollectiveTimeoutError",
     "CompatWork",
     "NoPeerError",
@@ -83,6 +85,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "checked",
+    "explain_collective",
     "gather",
     "gather_object",
     "irecv",

@@ -11,7 +11,9 @@ correctly plus local steps, each with a name a user can print::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,7 @@ class ReducePlan:
     flip_sign: bool = False  # uint64 MIN/MAX: flip the top bit so signed order = unsigned order
     gather: bool = False  # the backend lacks the op: all-gather every rank's input, reduce here
     shim: str = ""
+    source: str = ""  # why: the probe cell this plan follows, '' for the plan that holds everywhere
 
     @property
     def has_finish(self) -> bool:
@@ -106,66 +109,135 @@ def plan_fast(op: Any, dtype: torch.dtype) -> ReducePlan | None:
     return _PLAIN.get(op) if dtype in _NATIVE_DTYPES else None
 
 
-def plan_reduction(op: Any, dtype: torch.dtype, *, world_size: int, backend: str) -> ReducePlan:
+def _op_name(op: Any) -> str:
+    return str(_kind(op)[0]).rsplit(".", 1)[-1].upper()
+
+
+def plan_reduction(
+    op: Any,
+    dtype: torch.dtype,
+    *,
+    world_size: int,
+    backend: str,
+    probed: Mapping[tuple[str, str, str], str] | None = None,
+    collective: str = "all_reduce",
+) -> ReducePlan:
     """Plan a reduction of ``dtype`` with ``op`` on ``backend``.
+
+    ``probed`` holds the group's agreed capability-probe cells, if it was probed. The op sent is
+    then checked against the cell for the dtype the backend sees (bool as uint8 bytes, complex as
+    its real view, int16 as int32, ...): a native AVG or PREMUL_SUM the probe saw give the right
+    answer is used as it is, and an op it saw fail is done by all-gather and a local reduction.
+    The probe covers ``all_reduce``; other collectives keep the plan that is correct everywhere.
 
     Example:
         >>> plan_reduction(dist.ReduceOp.SUM, torch.bool, world_size=2, backend="gloo").shim
         'bool-sum-as-max'
+        >>> cells = {("all_reduce", "float32", "AVG"): "ok"}
+        >>> plan = plan_reduction(dist.ReduceOp.AVG, torch.float32, world_size=2,
+        ...                       backend="gloo", probed=cells)
+        >>> plan.op == dist.ReduceOp.AVG, plan.source
+        (True, 'probe: all_reduce float32 AVG ok')
     """
     fast = plan_fast(op, dtype)
     if fast is not None:
-        return fast
+        return _settle(fast, probed, collective, dtype)
     kind, factor = _kind(op)
-    name = str(kind).rsplit(".", 1)[-1].lower()
+    name = _op_name(kind).lower()
     if dtype == torch.bool:
         if kind not in _BOOL_AS:
             raise UnsupportedCollectiveError(f"ReduceOp.{name.upper()} is undefined for bool")
         target = _BOOL_AS[kind]
-        as_name = str(target).rsplit(".", 1)[-1].lower()
+        as_name = _op_name(target).lower()
         shim = "bool-bxor-as-sum-parity" if kind == R.BXOR else f"bool-{name}-as-{as_name}"
-        return ReducePlan(target, parity=kind == R.BXOR, shim=shim)
+        plan = ReducePlan(target, parity=kind == R.BXOR, shim=shim)
+        return _settle(plan, probed, collective, torch.uint8)  # canonical 0/1 bytes
     compute = upcast_dtype(dtype) or dtype
+    wire = _REAL.get(compute, compute)  # complex is sent as its real view
     floating = compute.is_floating_point or compute.is_complex
     if compute.is_complex and kind not in (R.SUM, R.AVG, R.PREMUL_SUM):
         raise UnsupportedCollectiveError(
             f"ReduceOp.{name.upper()} is undefined for complex {dtype}: use SUM, AVG or PREMUL_SUM"
         )
-    if kind in _BITWISE:
-        if floating:
-            raise UnsupportedCollectiveError(
-                f"ReduceOp.{name.upper()} needs an integer or bool dtype, not {dtype}"
-            )
-        if backend == "nccl":  # NCCL has no bitwise reductions
-            return ReducePlan(kind, gather=True, shim="bitwise-as-all-gather-then-local-reduce")
+    if kind in _BITWISE and floating:
+        raise UnsupportedCollectiveError(
+            f"ReduceOp.{name.upper()} needs an integer or bool dtype, not {dtype}"
+        )
+    cell = _cell(probed, collective, wire, kind)
+    if kind in _BITWISE and backend == "nccl" and cell is None:  # NCCL has no bitwise ops
+        return ReducePlan(kind, gather=True, shim="bitwise-as-all-gather-then-local-reduce")
+    # Without a probe only NCCL's AVG and PREMUL_SUM are known to be native and right.
+    native = cell == "ok" or (cell is None and backend == "nccl" and compute == dtype)
     if kind == R.AVG:
         if not floating:
             raise UnsupportedCollectiveError(
                 f"ReduceOp.AVG of integer {dtype} would need a rounding rule; all_reduce with "
                 "SUM and divide the way you want"
             )
-        if backend == "nccl" and compute == dtype:
-            return ReducePlan(R.AVG)
-        return ReducePlan(R.SUM, divide_by=world_size, shim="avg-as-sum-then-divide")
+        if native:
+            return _settle(ReducePlan(R.AVG), probed, collective, wire)
+        plan = ReducePlan(R.SUM, divide_by=world_size, shim="avg-as-sum-then-divide")
+        return _settle(plan, probed, collective, wire)
     if kind == R.PREMUL_SUM:
         if not floating:
             raise UnsupportedCollectiveError(
                 f"ReduceOp.PREMUL_SUM needs a floating dtype, not {dtype}"
             )
-        if backend == "nccl" and compute == dtype and not compute.is_complex:
-            return ReducePlan(op)
+        if native and not compute.is_complex:
+            return _settle(ReducePlan(op), probed, collective, wire)
         if factor is None:
             raise UnsupportedCollectiveError(
                 "this torch's PREMUL_SUM op does not expose its factor (torch < 2.13 hides it), "
                 "so it can only run natively on NCCL: multiply by the factor yourself and use SUM"
             )
-        return ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
-    if dtype == torch.uint64:
-        if kind in (R.MIN, R.MAX):
-            return ReducePlan(kind, flip_sign=True, shim="uint64-minmax-as-int64-sign-flipped")
-        return ReducePlan(kind, shim="uint64-as-int64-bits")
-    shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
-    return ReducePlan(kind, shim=shim)
+        plan = ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
+        return _settle(plan, probed, collective, wire)
+    flip = dtype == torch.uint64 and kind in (R.MIN, R.MAX)
+    if flip:
+        shim = "uint64-minmax-as-int64-sign-flipped"
+    elif dtype == torch.uint64:
+        shim = "uint64-as-int64-bits"
+    else:
+        shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
+    return _settle(ReducePlan(kind, flip_sign=flip, shim=shim), probed, collective, wire)
+
+
+_REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+
+
+def _cell(
+    probed: Mapping[tuple[str, str, str], str] | None,
+    collective: str,
+    dtype: torch.dtype,
+    kind: Any,
+) -> str | None:
+    """Return the probe's result for this reduction, or None where it has none to give."""
+    if probed is None or collective != "all_reduce":
+        return None
+    return probed.get((collective, str(dtype).removeprefix("torch."), _op_name(kind)))
+
+
+def _settle(
+    plan: ReducePlan,
+    probed: Mapping[tuple[str, str, str], str] | None,
+    collective: str,
+    wire: torch.dtype,
+) -> ReducePlan:
+    """Check the op ``plan`` sends against the probe: keep it, or gather where it failed."""
+    cell = _cell(probed, collective, wire, _kind(plan.op)[0])
+    if cell is None:
+        return plan
+    source = f"probe: {collective} {str(wire).removeprefix('torch.')} {_op_name(plan.op)} {cell}"
+    if cell == "ok":
+        return dataclasses.replace(plan, source=source)
+    shim = f"{plan.shim}, then " if plan.shim else ""
+    name = _op_name(plan.op).lower()
+    return dataclasses.replace(
+        plan,
+        gather=True,
+        shim=f"{shim}{name}-as-all-gather-then-local-reduce",
+        source=source,
+    )
 
 
 def local_reduce(stacked: torch.Tensor, op: Any) -> torch.Tensor:

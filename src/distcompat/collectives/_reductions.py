@@ -26,6 +26,7 @@ from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
+from distcompat.collectives._probed import probed_for
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
@@ -73,7 +74,28 @@ def issue(
     return handle
 
 
-def _plan(op: Any, tensor: torch.Tensor, group: Any, world_size: int) -> ReducePlan:
+def _plan(
+    op: Any, tensor: torch.Tensor, group: Any, world_size: int, collective: str = ""
+) -> ReducePlan:
+    """Plan the reduction; ``collective`` is "all_reduce" where the capability probe applies."""
+    probed = probed_for(group) if collective and world_size > 1 else None
+    if probed is not None and probed.device_type == tensor.device.type:
+        # A PREMUL_SUM factor may be a tensor, so those plans are made afresh every call.
+        kind = getattr(op, "op", op)
+        key = None if kind == R.PREMUL_SUM else (kind, tensor.dtype, world_size, collective)
+        plan = probed.plans.get(key) if key is not None else None
+        if plan is None:
+            plan = plan_reduction(
+                op,
+                tensor.dtype,
+                world_size=world_size,
+                backend=backend_for(group, tensor.device),
+                probed=probed.cells,
+                collective=collective,
+            )
+            if key is not None:
+                probed.plans[key] = plan
+        return plan
     fast = plan_fast(op, tensor.dtype)
     if fast is not None:
         return fast
@@ -127,7 +149,7 @@ def all_reduce(
         tensor([True])
     """
     world_size = group_size(group)
-    plan = _plan(op, tensor, group, world_size)
+    plan = _plan(op, tensor, group, world_size, "all_reduce")
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
