@@ -214,29 +214,42 @@ def _median_ci(ratios: list[float]) -> tuple[float, float, float]:
     return _pct(ordered, 0.5), ordered[low], ordered[high]
 
 
+def _pair_ratios(
+    first: Callable[[], Any], second: Callable[[], Any], count: int
+) -> tuple[float, float, float]:
+    """Median (and 95% interval) of ``second``'s time over ``first``'s, order alternated."""
+    ratios = []
+    for index in range(count):
+        if index % 2:
+            t_second, t_first = _timed(second), _timed(first)
+        else:
+            t_first, t_second = _timed(first), _timed(second)
+        ratios.append(t_second / t_first)
+    return _median_ci(ratios)
+
+
 def measure_large(pairs: int) -> dict[str, Any]:
     """The >= 1 MiB ratio with an interval: many raw/distcompat pairs, order alternated (ABBA).
 
     Runs on every rank; each pair's ratio is distcompat's time over raw's, so slow drift of the
     machine (the other jobs on two shared cores) cancels within a pair rather than between
-    blocks of calls. The median of the ratios comes with its 95% confidence interval.
+    blocks of calls. The median of the ratios comes with its 95% confidence interval, next to a
+    control: raw over raw, the same call in both slots, which shows what the method itself reads
+    when there is no difference.
     """
     world = tdist.get_world_size()
     out: dict[str, Any] = {}
     for op in BUS:
         for nbytes in (1 << 20, 1 << 24):
             raw, ours, _ = _pair(op, nbytes, world)
-            raw(), ours()
+            raw_again, _, _ = _pair(op, nbytes, world)  # the control: its own tensors
+            raw(), ours(), raw_again()
             count = pairs if nbytes == 1 << 20 else max(10, pairs // 8)
-            ratios = []
-            for index in range(count):
-                if index % 2:
-                    t_ours, t_raw = _timed(ours), _timed(raw)
-                else:
-                    t_raw, t_ours = _timed(raw), _timed(ours)
-                ratios.append(t_ours / t_raw)
-            median, low, high = _median_ci(ratios)
-            out[f"{op} {nbytes}"] = {"pairs": count, "median": median, "low": low, "high": high}
+            row: dict[str, Any] = {"pairs": count}
+            for name, fn in (("control", raw_again), ("distcompat", ours)):
+                median, low, high = _pair_ratios(raw, fn, count)
+                row[name] = {"median": median, "low": low, "high": high}
+            out[f"{op} {nbytes}"] = row
     return out
 
 
@@ -278,12 +291,14 @@ def main() -> None:
         large = run_on_ranks(measure_large, 2, args=(options.large_pairs,), timeout=1800)[0]
         options.out.mkdir(parents=True, exist_ok=True)
         (options.out / "collectives_large.json").write_text(json.dumps(large, indent=2))
-        print("| op, bytes | pairs | median ratio | 95% interval |")
+        print("| op, bytes | pairs | raw/raw (control) | distcompat/raw |")
         print("| --- | --- | --- | --- |")
         for name, r in large.items():
-            print(
-                f"| {name} | {r['pairs']} | {r['median']:.3f} | {r['low']:.3f} to {r['high']:.3f} |"
-            )
+            cells = [
+                f"{c['median']:.3f} ({c['low']:.3f}-{c['high']:.3f})"
+                for c in (r["control"], r["distcompat"])
+            ]
+            print(f"| {name} | {r['pairs']} | {cells[0]} | {cells[1]} |")
         return
     result = run_on_ranks(measure, 2, args=(options.quick,), timeout=1800)[0]
     result["torch"] = torch.__version__
