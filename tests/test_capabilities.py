@@ -191,3 +191,20 @@ def test_explain_refuses_an_unknown_collective() -> None:
 
     with pytest.raises(ValueError, match="all_reduce_typo"):
         explain_collective("all_reduce_typo", torch.ones(1))
+
+
+@pytest.mark.parametrize(
+    ("cpu_backend", "expected"), [("gloo", "cpu"), ("nccl", "cuda:3"), ("mpi", "cpu")]
+)
+def test_probe_runs_on_the_device_the_backend_moves(
+    cpu_backend: str, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An NCCL-only group is probed with CUDA tensors on the rank's GPU; a group with a CPU
+    backend (gloo, or gloo beside NCCL) with CPU tensors. The GPU is mocked: we have none here."""
+    import torch
+
+    import distcompat._capabilities as caps_module
+
+    monkeypatch.setattr(caps_module, "backend_for", lambda group, device: cpu_backend)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    assert str(caps_module._probe_device(None)) == expected

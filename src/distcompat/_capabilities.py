@@ -143,9 +143,10 @@ def _run(probe: Any) -> str:
 
 def _probe_device(group: Any) -> torch.device:
     """Return the device the probe's tensors live on: CPU unless the group only moves CUDA/XPU."""
-    if backend_for(group, torch.device("cpu")) not in ("nccl", "xccl"):
+    backend = backend_for(group, torch.device("cpu"))
+    if backend not in ("nccl", "xccl"):
         return torch.device("cpu")
-    kind = "cuda" if backend_for(group, torch.device("cpu")) == "nccl" else "xpu"
+    kind = "cuda" if backend == "nccl" else "xpu"
     return torch.device(kind, getattr(torch, kind).current_device())
 
 
