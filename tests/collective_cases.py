@@ -230,7 +230,12 @@ def _use_plans(plans: str, device: torch.device) -> None:
     if plans == "probed":
         capabilities()  # probes once per group, then cached
     elif plans == "failing":
-        everything = {("all_reduce", n, o): "raises: simulated" for n in _DTYPE_NAMES for o in OPS}
+        everything = {
+            (c, n, o): "raises: simulated"
+            for c in ("all_reduce", "reduce")
+            for n in _DTYPE_NAMES
+            for o in OPS
+        }
         remember(None, ProbedCells("simulated", device.type, everything))
     else:
         forget(None)

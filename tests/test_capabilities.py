@@ -21,6 +21,8 @@ def _probe() -> dict[str, Any]:
         "backend": caps.backend,
         "float_sum": caps.cell("all_reduce", "float32", "SUM"),
         "bool_sum": caps.cell("all_reduce", "bool", "SUM"),
+        "reduce_bool_sum": caps.cell("reduce", "bool", "SUM"),
+        "reduce_float_max": caps.cell("reduce", "float32", "MAX"),
         "bool_max": caps.cell("all_reduce", "bool", "MAX"),
         "int16_sum": caps.cell("all_reduce", "int16", "SUM"),
         "float_band": caps.cell("all_reduce", "float32", "BAND"),
@@ -36,11 +38,14 @@ def _probe() -> dict[str, Any]:
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_probe_finds_gloos_measured_gaps(world_size: int) -> None:
     results = run_on_ranks(_probe, world_size)
-    for got in results:
+    for rank, got in enumerate(results):
         assert got["cached"]
         assert got["backend"] == "gloo"
         assert got["float_sum"] == "ok"
         assert got["bool_sum"] == "WRONG"  # bytes add and wrap at 256
+        # Only the root has a reduce result to check; the others learn its verdict.
+        assert got["reduce_bool_sum"] == ("WRONG" if rank == 0 else "failed on another rank")
+        assert got["reduce_float_max"] == "ok"
         assert got["bool_max"] == "ok"
         assert got["int16_sum"].startswith("raises: ")
         assert got["float_band"].startswith("raises: ")
@@ -114,9 +119,10 @@ def _every_plan(world_size: int) -> dict[str, str]:
     from collective_cases import PLANS, Case, run_case
 
     return {
-        f"{plans} {dtype} {op} {layout}": run_case(
-            Case("all_reduce", dtype, op, layout, seed=world_size, plans=plans)
+        f"{collective} {plans} {dtype} {op} {layout}": run_case(
+            Case(collective, dtype, op, layout, seed=world_size, plans=plans)
         )
+        for collective in ("all_reduce", "reduce")
         for plans in PLANS
         for dtype, op in _COMBOS
         for layout in ("contiguous", "transposed")
@@ -124,14 +130,15 @@ def _every_plan(world_size: int) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_all_reduce_is_right_under_every_plan(world_size: int) -> None:
-    """The same all_reduce calls under the plans that hold everywhere, the plans gloo's probe
-    picks, and the plans for a backend whose every op the probe saw fail (all gathered)."""
+def test_reductions_are_right_under_every_plan(world_size: int) -> None:
+    """The same all_reduce and reduce calls under the plans that hold everywhere, the plans
+    gloo's probe picks, and the plans for a backend whose every op the probe saw fail (all
+    gathered)."""
     from collective_cases import DTYPES, reduction_is_defined
 
     for outcomes in run_on_ranks(_every_plan, world_size, args=(world_size,)):
         for name, got in outcomes.items():
-            _, dtype, op, _ = name.split()
+            _, _, dtype, op, _ = name.split()
             expected = "ok" if reduction_is_defined(DTYPES[dtype], op) else "unsupported"
             assert got == expected, name
 
@@ -149,10 +156,12 @@ def _explained() -> dict[str, Any]:
     seen: dict[str, Any] = {"before": explain_collective("all_reduce", ones, op=R.AVG)}
     caps = capabilities()
     seen["avg_cell"] = caps.cell("all_reduce", "float32", "AVG")
+    seen["reduce_avg_cell"] = caps.cell("reduce", "float32", "AVG")
     seen["after"] = explain_collective("all_reduce", ones, op=R.AVG)
     seen["bool"] = explain_collective("all_reduce", ones.bool(), op=R.SUM)
     seen["int16"] = explain_collective("all_reduce", ones.to(torch.int16), op=R.BAND)
     seen["reduce"] = explain_collective("reduce", ones, op=R.AVG)
+    seen["reduce_scatter"] = explain_collective("reduce_scatter_tensor", ones, op=R.AVG)
     seen["transposed"] = explain_collective("all_reduce", torch.ones(2, 3).t())
     seen["moved"] = explain_collective("broadcast", ones.to(torch.uint16))
     sub = dist.new_group([0, 1])
@@ -175,8 +184,13 @@ def test_reductions_follow_the_probe_once_it_ran() -> None:
     assert seen["bool"].decided_by == "probe: all_reduce uint8 MAX ok"
     assert seen["int16"].steps == ("int16-reduced-as-int32",)
     assert seen["int16"].decided_by == "probe: all_reduce int32 BAND ok"
-    assert seen["reduce"].steps == ("avg-as-sum-then-divide",)  # the probe covers all_reduce
-    assert seen["reduce"].decided_by == unprobed
+    if seen["reduce_avg_cell"] == "ok":
+        assert seen["reduce"].steps == ()
+        assert seen["reduce"].decided_by == "probe: reduce float32 AVG ok"
+    else:
+        assert seen["reduce"].steps == ("avg-as-sum-then-divide",)
+        assert seen["reduce"].decided_by == "probe: reduce float32 SUM ok"
+    assert seen["reduce_scatter"].decided_by == unprobed  # the probe does not run it
     assert seen["transposed"].steps[0].startswith("staging")
     assert seen["moved"].steps == ("uint16-moved-as-bytes",)
     assert seen["subgroup"].decided_by == unprobed  # another group object: not probed together

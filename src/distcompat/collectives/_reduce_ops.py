@@ -128,7 +128,8 @@ def plan_reduction(
     then checked against the cell for the dtype the backend sees (bool as uint8 bytes, complex as
     its real view, int16 as int32, ...): a native AVG or PREMUL_SUM the probe saw give the right
     answer is used as it is, and an op it saw fail is done by all-gather and a local reduction.
-    The probe covers ``all_reduce``; other collectives keep the plan that is correct everywhere.
+    The probe covers ``all_reduce`` and ``reduce``; the reduce-scatters keep the plan that is
+    correct everywhere.
 
     Example:
         >>> plan_reduction(dist.ReduceOp.SUM, torch.bool, world_size=2, backend="gloo").shim
@@ -203,6 +204,8 @@ def plan_reduction(
 
 
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
+#: the collectives the capability probe runs (reduce-scatter is done as all-to-all off NCCL)
+_PROBED = ("all_reduce", "reduce")
 
 
 def _cell(
@@ -212,7 +215,7 @@ def _cell(
     kind: Any,
 ) -> str | None:
     """Return the probe's result for this reduction, or None where it has none to give."""
-    if probed is None or collective != "all_reduce":
+    if probed is None or collective not in _PROBED:
         return None
     return probed.get((collective, str(dtype).removeprefix("torch."), _op_name(kind)))
 

@@ -77,7 +77,7 @@ def issue(
 def _plan(
     op: Any, tensor: torch.Tensor, group: Any, world_size: int, collective: str = ""
 ) -> ReducePlan:
-    """Plan the reduction; ``collective`` is "all_reduce" where the capability probe applies."""
+    """Plan the reduction; ``collective`` names it where the capability probe covers it."""
     probed = probed_for(group) if collective and world_size > 1 else None
     if probed is not None and probed.device_type == tensor.device.type:
         # A PREMUL_SUM factor may be a tensor, so those plans are made afresh every call.
@@ -225,7 +225,7 @@ def reduce(
         tensor([1., 1., 1.])
     """
     world_size = group_size(group)
-    plan = _plan(op, tensor, group, world_size)
+    plan = _plan(op, tensor, group, world_size, "reduce")
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
