@@ -39,9 +39,16 @@ class ProbedCells:
 _probed: weakref.WeakKeyDictionary[Any, ProbedCells] = weakref.WeakKeyDictionary()
 
 
+#: Whether any group was ever probed in this process: the common case skips the lookup, which
+#: every all_reduce makes (a weak-key lookup costs far more right after a barrier than warm).
+_any = False
+
+
 def remember(group: Any, probed: ProbedCells) -> None:
     """Let collectives on ``group`` act on ``probed`` (every member calls this together)."""
+    global _any
     _probed[group if group is not None else dist.group.WORLD] = probed
+    _any = True
 
 
 def forget(group: Any) -> None:
@@ -56,5 +63,7 @@ def probed_for(group: Any) -> ProbedCells | None:
         >>> probed_for(None) is None   # no process group, nothing probed
         True
     """
+    if not _any:
+        return None
     key = group if group is not None else dist.group.WORLD
     return _probed.get(key) if key is not None else None
