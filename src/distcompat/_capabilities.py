@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
-from distcompat.collectives._probed import ProbedCells, remember
+from distcompat.collectives._probed import ProbedCells, probed_for, remember
 
 __all__ = ["Capabilities", "capabilities"]
 
@@ -311,7 +311,8 @@ def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
     if not (dist.is_available() and dist.is_initialized()):
         return Capabilities(backend="none", torch_version=torch.__version__, world_size=1)
     key = group if group is not None else dist.group.WORLD
-    if refresh or key not in _cache:
+    fresh = refresh or key not in _cache
+    if fresh:
         ranks = dist.get_process_group_ranks(key)
         private = dist.new_group(ranks=ranks, timeout=_PROBE_TIMEOUT)
         try:
@@ -323,5 +324,6 @@ def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
         finally:
             dist.destroy_process_group(private)
     caps = _cache[key]
-    remember(group, ProbedCells(caps.backend, caps.device_type, dict(caps.cells)))
+    if fresh or probed_for(group) is None:  # re-remembered only after a forget()
+        remember(group, ProbedCells(caps.backend, caps.device_type, dict(caps.cells)))
     return caps

@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import backend_for, group_size
-from distcompat.collectives._probed import probed_for
-from distcompat.collectives._reduce_ops import ReducePlan, plan_reduction
+from distcompat.collectives._reductions import plan_call
 from distcompat.collectives._wire import MOVE_NATIVE
 
 __all__ = ["CollectivePlan", "explain_collective"]
@@ -85,7 +84,7 @@ def explain_collective(
         steps.append("staging: a contiguous temporary, copied back into the caller's tensor")
     decided_by = "plan correct on every backend (group not probed: distcompat.capabilities)"
     if reducing:
-        plan = _reduction_plan(collective, tensor, op, group, world_size, backend)
+        plan = plan_call(op, tensor, group, world_size, collective)  # what the call itself plans
         if plan.shim:
             steps.append(plan.shim)
         if plan.source:
@@ -99,18 +98,3 @@ def explain_collective(
     if collective == "all_to_all":
         steps.append("uneven-all-to-all-as-one-all-to-all-single")
     return CollectivePlan(collective, what, backend, world_size, tuple(steps), decided_by)
-
-
-def _reduction_plan(
-    collective: str, tensor: torch.Tensor, op: Any, group: Any, world_size: int, backend: str
-) -> ReducePlan:
-    probed = probed_for(group)
-    usable = probed is not None and probed.device_type == tensor.device.type
-    return plan_reduction(
-        op,
-        tensor.dtype,
-        world_size=world_size,
-        backend=backend,
-        probed=probed.cells if usable and probed is not None else None,
-        collective=collective,
-    )

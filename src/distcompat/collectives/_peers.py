@@ -23,6 +23,7 @@ or a non-Linux host gives no name, never a wrong one and never a new error.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -63,16 +64,13 @@ class Identity:
 
     def to_json(self) -> str:
         """Serialize for the store."""
-        return json.dumps(
-            {"host": self.host, "machine": self.machine, "pid": self.pid, "start": self.start,
-             "addrs": list(self.addrs)}
-        )  # fmt: skip
+        return json.dumps(dataclasses.asdict(self))
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Identity:
         """Read an identity written by :meth:`to_json`."""
         data = json.loads(text)
-        return cls(data["host"], data["machine"], data["pid"], data["start"], tuple(data["addrs"]))
+        return cls(**{**data, "addrs": tuple(data["addrs"])})
 
 
 def _read(path: str) -> str:
@@ -162,6 +160,12 @@ def _identities(group: Any) -> dict[int, Identity]:
     return found
 
 
+def _on_this_machine(peers: dict[int, Identity]) -> dict[int, Identity]:
+    """Return the peers whose pid names a process here (same boot and pid namespace)."""
+    here = _machine()
+    return {rank: peer for rank, peer in peers.items() if here and peer.machine == here}
+
+
 def _dead(peer: Identity) -> bool:
     state, start = _stat(peer.pid)
     return state in ("", "Z", "X") or start != peer.start
@@ -177,14 +181,13 @@ def lost_peers(group: Any, message: str) -> tuple[int, ...]:
     if not (dist.is_available() and dist.is_initialized()):
         return ()
     peers = _identities(group)
-    here = _machine()
-    local = {rank: peer for rank, peer in peers.items() if here and peer.machine == here}
+    local = _on_this_machine(peers)
     deadline = time.monotonic() + _SETTLE_S
     while local:
         dead = tuple(sorted(rank for rank, peer in local.items() if _dead(peer)))
-        if dead or time.monotonic() >= deadline:
-            if dead:
-                return dead
+        if dead:
+            return dead
+        if time.monotonic() >= deadline:
             break
         time.sleep(0.01)
     match = _ADDRESS.search(message)
@@ -203,14 +206,11 @@ def stopped_peers(group: Any) -> tuple[int, ...]:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return ()
-    here = _machine()
+    local = _on_this_machine(_identities(group))
     return tuple(
         sorted(
             rank
-            for rank, peer in _identities(group).items()
-            if here
-            and peer.machine == here
-            and _stat(peer.pid)[0] in ("T", "t")
-            and _stat(peer.pid)[1] == peer.start
+            for rank, peer in local.items()
+            if _stat(peer.pid) in (("T", peer.start), ("t", peer.start))
         )
     )

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._wire import UnsupportedCollectiveError, upcast_dtype
 
-__all__ = ["ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
+__all__ = ["PROBED_COLLECTIVES", "ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
 
 R = dist.ReduceOp
 _SIGN_BIT = -(2**63)  # int64's top bit
@@ -205,7 +205,7 @@ def plan_reduction(
 
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
 #: the collectives the capability probe runs (reduce-scatter is done as all-to-all off NCCL)
-_PROBED = ("all_reduce", "reduce")
+PROBED_COLLECTIVES = ("all_reduce", "reduce")
 
 
 def _cell(
@@ -215,7 +215,7 @@ def _cell(
     kind: Any,
 ) -> str | None:
     """Return the probe's result for this reduction, or None where it has none to give."""
-    if probed is None or collective not in _PROBED:
+    if probed is None or collective not in PROBED_COLLECTIVES:
         return None
     return probed.get((collective, str(dtype).removeprefix("torch."), _op_name(kind)))
 

@@ -27,7 +27,13 @@ from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
 from distcompat.collectives._probed import probed_for
-from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_fast, plan_reduction
+from distcompat.collectives._reduce_ops import (
+    PROBED_COLLECTIVES,
+    ReducePlan,
+    local_reduce,
+    plan_fast,
+    plan_reduction,
+)
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
@@ -35,6 +41,7 @@ __all__ = [
     "all_reduce",
     "check_sizes",
     "issue",
+    "plan_call",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
@@ -74,11 +81,11 @@ def issue(
     return handle
 
 
-def _plan(
-    op: Any, tensor: torch.Tensor, group: Any, world_size: int, collective: str = ""
+def plan_call(
+    op: Any, tensor: torch.Tensor, group: Any, world_size: int, collective: str
 ) -> ReducePlan:
-    """Plan the reduction; ``collective`` names it where the capability probe covers it."""
-    probed = probed_for(group) if collective and world_size > 1 else None
+    """Plan the reduction of ``collective``; the capability probe's cells apply where it ran it."""
+    probed = probed_for(group) if collective in PROBED_COLLECTIVES and world_size > 1 else None
     if probed is not None and probed.device_type == tensor.device.type:
         # A PREMUL_SUM factor may be a tensor, so those plans are made afresh every call.
         kind = getattr(op, "op", op)
@@ -149,7 +156,7 @@ def all_reduce(
         tensor([True])
     """
     world_size = group_size(group)
-    plan = _plan(op, tensor, group, world_size, "all_reduce")
+    plan = plan_call(op, tensor, group, world_size, "all_reduce")
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
@@ -225,7 +232,7 @@ def reduce(
         tensor([1., 1., 1.])
     """
     world_size = group_size(group)
-    plan = _plan(op, tensor, group, world_size, "reduce")
+    plan = plan_call(op, tensor, group, world_size, "reduce")
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
@@ -395,7 +402,7 @@ def reduce_scatter_tensor(
     """
     world_size = group_size(group)
     check_sizes(output, input.numel(), world_size, "input")
-    plan = _plan(op, input, group, world_size)
+    plan = plan_call(op, input, group, world_size, "reduce_scatter_tensor")
     if world_size == 1:
         output.copy_(input.reshape(output.shape))
         plan.scale_in_place(output)
@@ -456,7 +463,7 @@ def reduce_scatter(
         raise ValueError(f"input_list has {len(input_list)} tensors; the group has {world_size}")
     for index, item in enumerate(input_list):
         check_sizes(output, item.numel() * world_size, world_size, f"input_list[{index}]")
-    plan = _plan(op, output, group, world_size)
+    plan = plan_call(op, output, group, world_size, "reduce_scatter")
     if world_size == 1:
         output.copy_(input_list[0].reshape(output.shape))
         plan.scale_in_place(output)
