@@ -55,7 +55,7 @@ class Launch:
     master_port: int | None
 
 
-# --- Slurm string compressors (test-side, written independently of distcompat._slurm) --------
+# --- Slurm string compressors (test-side, written independently of distcompat.launch._slurm) ---
 
 
 def compress_counts(counts: list[int]) -> str:

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from distcompat._host import override_host, probe_host
 from distcompat.attention import (
     AttentionConfigError,
     AttentionInputError,
@@ -23,6 +22,7 @@ from distcompat.attention._contract import canonical_window
 from distcompat.attention._dispatch import decide
 from distcompat.attention._kernels import KernelProbe, _cached_probe, override_kernels, probe_kernel
 from distcompat.attention._rules import CallSignature
+from distcompat.launch._host import override_host, probe_host
 
 
 class Recorder:

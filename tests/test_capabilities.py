@@ -79,7 +79,7 @@ def _agreement() -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
-    from distcompat._capabilities import Capabilities, _agree
+    from distcompat.collectives._capabilities import Capabilities, _agree
 
     rank = dist.get_rank()
     caps = Capabilities(backend="gloo", torch_version="test", world_size=2)
@@ -217,7 +217,7 @@ def test_probe_runs_on_the_device_the_backend_moves(
     backend (gloo, or gloo beside NCCL) with CPU tensors. The GPU is mocked: we have none here."""
     import torch
 
-    import distcompat._capabilities as caps_module
+    import distcompat.collectives._capabilities as caps_module
 
     monkeypatch.setattr(caps_module, "backend_for", lambda group, device: cpu_backend)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from distcompat._files import hash_file, write_durable
 from distcompat.checkpoint import atomic_save, atomic_write_bytes, atomic_write_json
-from distcompat.checkpoint._atomic import hash_file, write_durable
 
 
 class _Unpicklable:

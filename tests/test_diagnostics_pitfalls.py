@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from distcompat._doctor import collect_report
+from distcompat.cli._doctor import collect_report
 from distcompat.diagnostics import launch_pitfalls, log_launch_pitfalls, torchrun_prefix_pitfalls
-from distcompat.diagnostics._pitfalls import launcher_argv
 from distcompat.env import LaunchEnv
+from distcompat.launch import launcher_argv
 
 # torchrun --nnodes=2 --nproc-per-node=2, rank 2 on the second node
 TWO_NODES = {
@@ -60,7 +60,7 @@ def test_launcher_argv_reads_the_parent_command_line(
     (tmp_path / "cmdline").write_bytes(
         b"/usr/bin/python3\0/usr/bin/torchrun\0--nproc-per-node=2\0train.py\0--run\0"
     )
-    monkeypatch.setattr("distcompat.diagnostics._pitfalls.Path", fake)
+    monkeypatch.setattr("distcompat.launch._pitfalls.Path", fake)
     assert launcher_argv(1234) == ["--nproc-per-node=2", "train.py", "--run"]
     (tmp_path / "cmdline").write_bytes(b"python\0-m\0torch.distributed.run\0x.py\0")
     assert launcher_argv(1234) == ["x.py"]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from distcompat._doctor import collect_report
 from distcompat.cli import main
+from distcompat.cli._doctor import collect_report
 
 TORCHRUN_ENV = {
     "RANK": "1",

@@ -12,7 +12,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from distcompat import env as env_module
 from distcompat.env import (
     DETECTION_ORDER,
     LaunchEnv,
@@ -20,6 +19,7 @@ from distcompat.env import (
     Launcher,
     detect_launcher,
 )
+from distcompat.launch import _env as env_module
 from strategies import Launch, expected_processes, launches, mpi_envs, nonuniform_layouts
 
 # --- realistic environments, as the launchers write them ------------------------------------
@@ -561,7 +561,7 @@ def test_cuda_visible_devices_is_kept_as_set() -> None:
 
 
 def test_environ_none_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("distcompat.env.os.environ", dict(TORCHRUN))
+    monkeypatch.setattr("distcompat.launch._env.os.environ", dict(TORCHRUN))
     assert LaunchEnv.from_environ().rank == 5
 
 

@@ -12,8 +12,9 @@ from datetime import timedelta
 import pytest
 import torch
 
-from distcompat._host import HostInfo, override_host, probe_host
-from distcompat._placement import (
+from distcompat.env import LaunchEnv
+from distcompat.launch._host import HostInfo, override_host, probe_host
+from distcompat.launch._placement import (
     DEFAULT_TIMEOUT,
     BackendUnavailableError,
     DeviceBindingError,
@@ -21,7 +22,6 @@ from distcompat._placement import (
     choose_timeout,
     resolve_device,
 )
-from distcompat.env import LaunchEnv
 
 CPU_HOST = HostInfo(
     torch_version="2.13.0",

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 import distcompat
 from distcompat import DeviceBindingError, DistInitError, LaunchEnv
-from distcompat._host import override_host, probe_host
+from distcompat.launch._host import override_host, probe_host
 from distcompat.testing import run_on_ranks
 
 

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import distcompat
-from distcompat._host import override_host, probe_host
+from distcompat.launch._host import override_host, probe_host
 from distcompat.runtime import (
     ComputeInit,
     DistInfoTuple,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from distcompat._slurm import (
+from distcompat.launch._slurm import (
     MAX_ENTRIES,
     SlurmFormatError,
     expand_hostlist,

@@ -13,8 +13,6 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-from distcompat._capabilities import Capabilities, capabilities
-from distcompat._placement import BackendUnavailableError, DeviceBindingError
 from distcompat.checkpoint import (
     AsyncCheckpointer,
     CheckpointCorruptError,
@@ -61,6 +59,7 @@ from distcompat.collectives import (
     scatter_object_list,
     send,
 )
+from distcompat.collectives._capabilities import Capabilities, capabilities
 from distcompat.data import (
     EmptyShardError,
     ShardedSampler,
@@ -74,8 +73,9 @@ from distcompat.diagnostics import (
     single_rank_region,
     watchdog,
 )
-from distcompat.env import LaunchEnv, LaunchEnvError
 from distcompat.join import all_have_data, join_uneven
+from distcompat.launch import LaunchEnv, LaunchEnvError
+from distcompat.launch._placement import BackendUnavailableError, DeviceBindingError
 from distcompat.process_group import (
     DistInfo,
     DistInitError,

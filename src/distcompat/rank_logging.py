@@ -35,8 +35,8 @@ from typing import IO, TYPE_CHECKING, Any, Literal, TypeVar
 
 from typing_extensions import ParamSpec
 
+from distcompat._ranks import get_rank, get_world_size
 from distcompat.diagnostics._regions import single_rank_region
-from distcompat.process_group import get_rank, get_world_size
 
 __all__ = [
     "ProgressBackend",
@@ -261,6 +261,7 @@ def progress(
         total = len(iterable)
     stream = file if file is not None else sys.stderr
     if progress_backend().name == "tqdm":
+        # Optional dependency (the progress extra), imported only when it is installed.
         from tqdm import tqdm  # type: ignore[import-untyped,unused-ignore]
 
         yield from tqdm(iterable, desc=desc, total=total, file=stream, **tqdm_kwargs)

@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import torch
 
-from distcompat.env import LaunchEnv
+from distcompat._ranks import get_world_size as _get_world_size
+from distcompat.launch import LaunchEnv
 from distcompat.process_group import destroy_distributed, init_distributed
 from distcompat.process_group import get_local_rank as _get_local_rank
 from distcompat.process_group import get_rank as _get_rank
-from distcompat.process_group import get_world_size as _get_world_size
 from distcompat.rank_logging import print0
 
 __all__ = [

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from distcompat._host import HostInfo, probe_host
 from distcompat.attention._adapters import (
     FLEX_GQA_FALLBACK,
     SDPA_STRATEGIES,
@@ -45,6 +44,7 @@ from distcompat.attention._rules import (
     auto_skip,
     infeasible,
 )
+from distcompat.launch._host import HostInfo, probe_host
 
 __all__ = [
     "ENV_VAR",

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from distcompat._host import HostInfo
 from distcompat.attention._contract import UNBOUNDED, Window
 from distcompat.attention._kernels import probe_kernel
+from distcompat.launch._host import HostInfo
 
 __all__ = ["AUTO_ORDER", "IMPLEMENTATIONS", "CallSignature", "auto_skip", "infeasible"]
 

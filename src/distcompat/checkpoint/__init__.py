@@ -17,13 +17,13 @@ The commit protocol, what it guarantees under which failure, and what it costs a
 and verification), ``_sync`` (the save's collectives), ``_save``, ``_load``, ``_async``.
 """
 
-from distcompat.checkpoint._async import AsyncCheckpointer
-from distcompat.checkpoint._atomic import (
+from distcompat._files import (
     CHECKSUM_ALGORITHM,
     atomic_save,
     atomic_write_bytes,
     atomic_write_json,
 )
+from distcompat.checkpoint._async import AsyncCheckpointer
 from distcompat.checkpoint._errors import (
     CheckpointCorruptError,
     CheckpointExistsError,

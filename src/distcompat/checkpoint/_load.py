@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from distcompat._ranks import get_rank, get_world_size
 from distcompat.checkpoint._errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
@@ -25,7 +26,6 @@ from distcompat.checkpoint._manifest import (
     step_path,
     verify_checkpoint,
 )
-from distcompat.process_group import get_rank, get_world_size
 
 __all__ = ["latest_checkpoint", "load_checkpoint"]
 

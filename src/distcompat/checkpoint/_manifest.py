@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distcompat.checkpoint._atomic import CHECKSUM_ALGORITHM, hash_file
+from distcompat._files import CHECKSUM_ALGORITHM, hash_file
 from distcompat.checkpoint._errors import CheckpointCorruptError, CheckpointNotFoundError
 
 __all__ = [

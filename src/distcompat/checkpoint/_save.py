@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from distcompat.checkpoint._atomic import atomic_write_json, fsync_dir, write_durable
+from distcompat._files import atomic_write_json, fsync_dir, write_durable
 from distcompat.checkpoint._errors import CheckpointExistsError, CheckpointSyncError
 from distcompat.checkpoint._manifest import (
     DELETING_RE,

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat._ranks import get_world_size
 from distcompat.checkpoint._errors import CheckpointSyncError
 from distcompat.collectives import all_gather_object
-from distcompat.process_group import get_world_size
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
 

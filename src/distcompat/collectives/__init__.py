@@ -49,12 +49,8 @@ from distcompat.collectives._p2p import (
     recv,
     send,
 )
-from distcompat.collectives._reductions import (
-    all_reduce,
-    reduce,
-    reduce_scatter,
-    reduce_scatter_tensor,
-)
+from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
+from distcompat.collectives._reductions import all_reduce, reduce
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size
-from distcompat.collectives._reductions import issue
+from distcompat.collectives._issue import issue
 from distcompat.collectives._wire import stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 

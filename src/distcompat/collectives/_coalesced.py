@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import group_size
-from distcompat.collectives._reductions import all_reduce, check_sizes, reduce_scatter_tensor
+from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
+from distcompat.collectives._reductions import all_reduce
 from distcompat.collectives._work import CompatFuture, CompatWork, done_if_async
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]

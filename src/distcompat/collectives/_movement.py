@@ -17,8 +17,8 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, is_root, root_kwargs
+from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._reductions import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._wire import UnsupportedCollectiveError, upcast_dtype
+from distcompat.collectives._wire import Finish, UnsupportedCollectiveError, upcast_dtype
 
 __all__ = ["PROBED_COLLECTIVES", "ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
 
@@ -89,6 +89,12 @@ class ReducePlan:
             wire.div_(self.divide_by)
         if self.parity:
             wire.bitwise_and_(1)
+
+    def finisher(self, wire: torch.Tensor) -> Finish | None:
+        """Return :meth:`finish` bound to ``wire``, or None when the plan has nothing to do."""
+        if not self.has_finish:
+            return None
+        return lambda: self.finish(wire)
 
 
 def _kind(op: Any) -> tuple[Any, Any]:

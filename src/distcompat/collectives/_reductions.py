@@ -1,31 +1,27 @@
-"""Reductions: all_reduce, reduce, reduce_scatter, reduce_scatter_tensor, with torch's signatures.
+"""Reductions to one or every rank: all_reduce and reduce, with torch's signatures.
 
-Each stages its tensors (``_wire``), plans the ReduceOp (``_reduce_ops``), issues ONE backend
-collective, and finishes (divide, parity, copy back) when that op completes, synchronously or in
-the returned :class:`CompatWork`'s future::
+Each stages its tensors (``_wire``), plans the ReduceOp (``_reduce_ops``, or the capability
+probe's cells once it ran: :func:`plan_call`), issues ONE backend collective (``_issue``), and
+finishes (divide, parity, copy back) when that op completes, synchronously or in the returned
+:class:`CompatWork`'s future::
 
-    work = reduce_scatter_tensor(shard, flat_grads, op=dist.ReduceOp.AVG, async_op=True)
-    work.get_future().then(step_optimizer_shard)       # works on gloo too
+    work = all_reduce(grads, op=dist.ReduceOp.AVG, async_op=True)
+    work.get_future().then(step_optimizer)              # works on gloo too
 
-reduce-scatter on backends other than NCCL is done as ``all_to_all_single`` plus a local
-reduction: the same bytes on the wire as a true reduce-scatter, measured faster than gloo's own
-on 1 MB and 64 MB, a native future on gloo (whose reduce_scatter has none), and no SIGSEGV on a
-0-dim output. Floats then agree with other backends to rounding, not bit for bit.
+The reduce-scatters are in ``_reduce_scatter``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any, Literal, overload
 
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _checked
 from distcompat.collectives._checked import verify
-from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
-from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
+from distcompat.collectives._issue import issue
+from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._probed import probed_for
 from distcompat.collectives._reduce_ops import (
     PROBED_COLLECTIVES,
@@ -37,48 +33,9 @@ from distcompat.collectives._reduce_ops import (
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
-__all__ = [
-    "all_reduce",
-    "check_sizes",
-    "issue",
-    "plan_call",
-    "reduce",
-    "reduce_scatter",
-    "reduce_scatter_tensor",
-]
+__all__ = ["all_reduce", "plan_call", "reduce"]
 
 R = dist.ReduceOp
-
-
-def issue(
-    op: str,
-    call: Callable[[bool], Any],
-    group: Any,
-    result: Any,
-    finish: Finish | None,
-    async_op: bool,
-) -> CompatWork | None:
-    """Run ``call(async_op)``; finish now (sync) or when the op completes (async).
-
-    Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
-    """
-    watcher = _checked.watch  # distcompat.diagnostics' watchdog, None unless one is active
-    try:
-        if not async_op:
-            if watcher is None:
-                call(False)
-            else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
-                watcher.wait_sync(call(True), op, group)
-            if finish is not None:
-                finish()
-            return None
-        work = call(True)
-    except RuntimeError as exc:  # inline, not typed_errors(): this is every call's hot path
-        raise_typed(exc, op, group)
-    handle = CompatWork.from_work(work, group, result, finish, op=op)
-    if watcher is not None:
-        watcher.track_async(handle)
-    return handle
 
 
 def plan_call(
@@ -108,12 +65,6 @@ def plan_call(
         return fast
     backend = backend_for(group, tensor.device) if world_size > 1 else "none"
     return plan_reduction(op, tensor.dtype, world_size=world_size, backend=backend)
-
-
-def _after(plan: ReducePlan, wire: torch.Tensor) -> Finish | None:
-    if not plan.has_finish:
-        return None
-    return lambda: plan.finish(wire)
 
 
 @overload
@@ -167,7 +118,7 @@ def all_reduce(
         return _reduce_by_gathering(
             "all_reduce", wire, wire, copy_back, plan, group, async_op, [tensor]
         )
-    finish = chain(_after(plan, wire), copy_back)
+    finish = chain(plan.finisher(wire), copy_back)
     return issue(
         "all_reduce",
         lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a),
@@ -250,7 +201,7 @@ def reduce(
     if is_dst:
         wire, copy_back = stage_output(tensor, reduce=True, fill=True)
         plan.prepare_in_place(wire)
-        finish = chain(_after(plan, wire), copy_back)
+        finish = chain(plan.finisher(wire), copy_back)
     else:
         wire = plan.prepared(stage_input(tensor, reduce=True))
         if wire.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
@@ -301,174 +252,3 @@ def _reduce_by_gathering(
         combine,
         async_op,
     )
-
-
-def check_sizes(output: torch.Tensor, numel: int, world_size: int, what: str) -> None:
-    """Raise ``ValueError`` unless ``numel`` is ``world_size`` times ``output``'s elements."""
-    if numel != world_size * output.numel():
-        raise ValueError(
-            f"{what} has {numel} elements; a reduce-scatter over {world_size} ranks into an "
-            f"output of {output.numel()} elements needs {world_size * output.numel()}"
-        )
-
-
-def _reduce_scatter_flat(
-    output: torch.Tensor,
-    flat_input: torch.Tensor,
-    plan: ReducePlan,
-    group: Any,
-    world_size: int,
-    async_op: bool,
-) -> CompatWork | None:
-    """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
-    wire, copy_back = stage_output(output, reduce=True)
-    out_flat = wire.view(-1)
-    if backend_for(group, output.device) == "nccl" and not plan.gather:
-        finish = chain(_after(plan, wire), copy_back)
-        return issue(
-            "reduce_scatter_tensor",
-            lambda a: reduce_scatter_flat(
-                out_flat, flat_input, op=plan.op, group=group, async_op=a
-            ),
-            group,
-            [output],
-            finish,
-            async_op,
-        )
-    received = torch.empty_like(flat_input)  # row r: rank r's chunk for this rank
-
-    def combine() -> None:
-        out_flat.copy_(local_reduce(received.view(world_size, -1), plan.op))
-        plan.finish(wire)
-        copy_back()
-
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(received, flat_input, group=group, async_op=a),
-        group,
-        [output],
-        combine,
-        async_op,
-    )
-
-
-@overload
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = ...,
-    group: Any = ...,
-    *,
-    async_op: Literal[True],
-) -> CompatWork: ...
-
-
-@overload
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = ...,
-    group: Any = ...,
-    async_op: bool = ...,
-) -> CompatWork | None: ...
-
-
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,  # torch's name for it
-    op: Any = R.SUM,
-    group: Any = None,
-    async_op: bool = False,
-) -> CompatWork | None:
-    """Reduce ``input`` (world_size chunks along its flattened order) and keep this rank's chunk.
-
-    Works on every backend with a real future, for every layout, 0-dim outputs included.
-
-    Example:
-        >>> out = torch.empty(2)
-        >>> reduce_scatter_tensor(out, torch.tensor([1.0, 2.0]), op=dist.ReduceOp.AVG)
-        >>> out
-        tensor([1., 2.])
-    """
-    world_size = group_size(group)
-    check_sizes(output, input.numel(), world_size, "input")
-    plan = plan_call(op, input, group, world_size, "reduce_scatter_tensor")
-    if world_size == 1:
-        output.copy_(input.reshape(output.shape))
-        plan.scale_in_place(output)
-        return done_if_async([output], async_op)
-    verify("reduce_scatter_tensor", input, group, reduce_op=op)
-    flat = plan.prepared(stage_input(input, reduce=True)).reshape(-1)
-    return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
-
-
-@overload
-def reduce_scatter(
-    output: torch.Tensor,
-    input_list: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def reduce_scatter(
-    output: torch.Tensor,
-    input_list: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
-    *,
-    async_op: Literal[True],
-) -> CompatWork: ...
-
-
-@overload
-def reduce_scatter(
-    output: torch.Tensor,
-    input_list: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
-    async_op: bool = ...,
-) -> CompatWork | None: ...
-
-
-def reduce_scatter(
-    output: torch.Tensor,
-    input_list: Sequence[torch.Tensor],
-    op: Any = R.SUM,
-    group: Any = None,
-    async_op: bool = False,
-) -> CompatWork | None:
-    """Reduce ``input_list[r]`` across ranks into ``output`` on rank r.
-
-    Example:
-        >>> out = torch.empty(2)
-        >>> reduce_scatter(out, [torch.tensor([3.0, 4.0])])
-        >>> out
-        tensor([3., 4.])
-    """
-    world_size = group_size(group)
-    if len(input_list) != world_size:
-        raise ValueError(f"input_list has {len(input_list)} tensors; the group has {world_size}")
-    for index, item in enumerate(input_list):
-        check_sizes(output, item.numel() * world_size, world_size, f"input_list[{index}]")
-    plan = plan_call(op, output, group, world_size, "reduce_scatter")
-    if world_size == 1:
-        output.copy_(input_list[0].reshape(output.shape))
-        plan.scale_in_place(output)
-        return done_if_async([output], async_op)
-    verify("reduce_scatter", output, group, reduce_op=op)
-    flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
-    plan.prepare_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
-    return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)

@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping, Sized
 import torch
 from torch.utils.data import Sampler
 
+from distcompat._ranks import get_rank, get_world_size
 from distcompat.data._shard import (
     EmptyShardError,
     ShardMode,
@@ -87,8 +88,6 @@ class ShardedSampler(Sampler[int]):
         mode: ShardMode | None = None,
     ) -> None:
         if num_replicas is None or rank is None:
-            from distcompat.process_group import get_rank, get_world_size
-
             num_replicas = get_world_size() if num_replicas is None else num_replicas
             rank = get_rank() if rank is None else rank
         self.rank, self.num_replicas = check_world(rank, num_replicas)

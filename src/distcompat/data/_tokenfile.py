@@ -32,7 +32,7 @@ from typing import Literal
 
 import torch
 
-from distcompat.checkpoint._atomic import atomic_path
+from distcompat._files import atomic_path
 
 __all__ = [
     "BIG_ENDIAN",

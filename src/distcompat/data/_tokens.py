@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from distcompat._ranks import get_rank, get_world_size
 from distcompat.data._shard import EmptyShardError, check_world
 from distcompat.data._state import EpochCursor
 from distcompat.data._tokenfile import (
@@ -104,8 +105,6 @@ class TokenLoader:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if rank is None or world_size is None:
-            from distcompat.process_group import get_rank, get_world_size
-
             rank = get_rank() if rank is None else rank
             world_size = get_world_size() if world_size is None else world_size
         self.rank, self.world_size = check_world(rank, world_size)

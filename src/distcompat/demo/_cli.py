@@ -30,7 +30,7 @@ from distcompat.demo._config import DemoConfig, DemoConfigError
 from distcompat.demo._launch import FINISHED, bind_to_parent, launch_ranks, write_status
 from distcompat.demo._plot import MissingExtraError, plot_scaling, require_matplotlib
 from distcompat.demo._train import run_rank
-from distcompat.env import LaunchEnv, LaunchEnvError
+from distcompat.launch import LaunchEnv, LaunchEnvError
 
 __all__ = ["EXIT_USAGE", "add_demo_parser", "config_from_options", "run_demo_command"]
 

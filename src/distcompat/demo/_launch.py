@@ -37,9 +37,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distcompat._local_ranks import is_launcher_variable, local_rank_environ
 from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._config import DemoConfig
+from distcompat.demo._train import EXIT_CHECK_FAILED
+from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
 
 __all__ = [
     "FINISHED",
@@ -233,8 +234,6 @@ def launch_ranks(config: DemoConfig, nproc: int) -> LaunchOutcome:
 
 def _watch(processes: list[subprocess.Popen[bytes]], status_dir: Path, order: list[int]) -> None:
     """Poll until every child exited; record failing ranks in ``order``; give up on stragglers."""
-    from distcompat.demo._train import EXIT_CHECK_FAILED
-
     nproc = len(processes)
     failed_at: float | None = None
     reported_at: float | None = None

@@ -48,7 +48,8 @@ def plot_scaling(points: list[tuple[int, float]], path: Path) -> Path:
         PosixPath('scaling.png')
     """
     require_matplotlib()
-    from matplotlib.figure import Figure  # the Agg canvas: no display, no global backend switch
+    # Optional dependency (the demo extra). Figure is the Agg canvas: no display, no global backend.
+    from matplotlib.figure import Figure
 
     ranks = [n for n, _ in points]
     rates = [rate for _, rate in points]

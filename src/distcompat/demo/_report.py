@@ -19,10 +19,10 @@ from typing import IO, Any
 import torch
 
 import distcompat
+from distcompat._ranks import DistInfo
 from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._checks import AllReduceTiming, ReplicaCheck
 from distcompat.demo._config import DemoConfig
-from distcompat.process_group import DistInfo
 from distcompat.runtime import DtypeChoice
 
 __all__ = ["RunReport", "StepRecord", "TimingsWriter", "throughput", "write_manifest"]

@@ -19,17 +19,13 @@ See docs/hangs.md for the symptom-by-symptom guide.
 
 from distcompat.diagnostics._config import WatchdogConfig
 from distcompat.diagnostics._errors import HangError, SingleRankCollectiveError
-from distcompat.diagnostics._pitfalls import (
-    Pitfall,
-    launch_pitfalls,
-    log_launch_pitfalls,
-    torchrun_prefix_pitfalls,
-)
+from distcompat.diagnostics._launch_log import log_launch_pitfalls
 from distcompat.diagnostics._postmortem import DumpReadError, PostMortem, read_dumps
 from distcompat.diagnostics._records import CollectiveRecord
 from distcompat.diagnostics._regions import in_single_rank_region, single_rank_region
 from distcompat.diagnostics._report import HangReport, RankState
 from distcompat.diagnostics._watchdog import Watchdog, watchdog
+from distcompat.launch import Pitfall, launch_pitfalls, torchrun_prefix_pitfalls
 
 __all__ = [
     "CollectiveRecord",

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distcompat.checkpoint import atomic_write_json
+from distcompat._files import atomic_write_json
 from distcompat.diagnostics._records import CollectiveRecord, Recorder, group_label
 from distcompat.diagnostics._report import HangReport, RankState
 

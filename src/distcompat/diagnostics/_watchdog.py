@@ -36,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat._ranks import side_store
 from distcompat.collectives._errors import PeerLostError, translate
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._channel import ChannelError, SideChannel
@@ -98,9 +99,7 @@ class Watchdog:
         self._rank, self._world = dist.get_rank(), dist.get_world_size()
         if self._world < 2:
             return self
-        from distcompat.process_group import _side_store
-
-        found = _side_store()
+        found = side_store()
         if found is None:
             self._channel_reason = (
                 "this rank only: the group was not created by init_distributed, so its "

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distcompat._local_ranks import is_launcher_variable, local_rank_environ
+from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
 from distcompat.testing._worker import STACK_SIGNAL, worker_main
 
 __all__ = ["RankFailedError", "RankTimeoutError", "WorkerPool", "get_pool", "shutdown_pools"]

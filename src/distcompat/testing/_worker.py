@@ -69,6 +69,8 @@ def worker_main(
 
 
 def _serve(conn: Connection, backend: str, group_timeout_s: float, parent: int) -> None:
+    # Heavy, and order matters: torch (and distcompat, which imports it) only now, after the
+    # environment is set, since torch reads some of its variables (threads, gloo) at import.
     import torch.distributed as dist
 
     from distcompat.process_group import destroy_distributed
@@ -84,7 +86,7 @@ def _serve(conn: Connection, backend: str, group_timeout_s: float, parent: int) 
 
 
 def _loop(conn: Connection, backend: str, group_timeout_s: float, parent: int) -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # after the environment is set: see _serve
 
     from distcompat.process_group import destroy_distributed, init_distributed
 

@@ -15,19 +15,18 @@ from typing import Any
 
 import pytest
 
+from distcompat.testing import run_on_ranks as runner
+from distcompat.testing import shutdown_pools
+
 __all__ = ["pytest_sessionfinish", "run_on_ranks"]
 
 
 @pytest.fixture
 def run_on_ranks() -> Callable[..., list[Any]]:
     """Provide :func:`distcompat.testing.run_on_ranks`, with warm pools shared across tests."""
-    from distcompat.testing import run_on_ranks as runner
-
     return runner
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Stop the warm rank processes when the test session ends."""
-    from distcompat.testing import shutdown_pools
-
     shutdown_pools()

@@ -14,6 +14,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from distcompat import __version__
+from distcompat.cli._doctor import collect_report
+from distcompat.collectives._capabilities import capabilities
+from distcompat.diagnostics import DumpReadError, read_dumps
+from distcompat.process_group import distributed_session
+
 __all__ = ["main"]
 
 
@@ -56,6 +62,8 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     diagnose.add_argument("directory", metavar="DIR", help="directory holding rank<R>.json dumps")
+    # Imported here, not at the top: the demo imports distcompat.attention, which pulls in
+    # torch._dynamo (heavy), and `distcompat doctor` should not pay for it.
     from distcompat.demo._cli import add_demo_parser
 
     add_demo_parser(commands)
@@ -64,10 +72,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
 def _print_probe(device: str, backend: str | None) -> None:
     """Create the group, probe its backend, print the table on rank 0, tear the group down."""
-    import distcompat
-
-    with distcompat.distributed_session(device=device, backend=backend) as info:
-        caps = distcompat.capabilities()
+    with distributed_session(device=device, backend=backend) as info:
+        caps = capabilities()
         if info.is_main_process:
             text = caps.table() if info.has_group else "no process group: nothing to probe"
             sys.stdout.write(text + "\n")
@@ -84,13 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     options = parser.parse_args(argv)
     if options.version:
-        from distcompat import __version__
-
         print(f"distcompat {__version__}")
         return 0
     if options.command == "doctor":
-        from distcompat._doctor import collect_report
-
         report = collect_report(device=options.device, backend=options.backend)
         # One write per rank, so ranks launched together do not interleave mid-line.
         sys.stdout.write((report.to_json() if options.json else report.to_text()) + "\n")
@@ -99,8 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_probe(options.device, options.backend)
         return 0 if report.ok else 1
     if options.command == "diagnose":
-        from distcompat.diagnostics import DumpReadError, read_dumps
-
         try:
             text = read_dumps(options.directory).describe()
         except DumpReadError as exc:
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(text + "\n")
         return 0
     if options.command == "demo":
-        from distcompat.demo._cli import run_demo_command
+        from distcompat.demo._cli import run_demo_command  # heavy: see _build_parser
 
         return run_demo_command(options)
     parser.print_help()

@@ -1,8 +1,8 @@
 """Read the launchers that speak torch's env:// contract: torchrun, Ray Train, Azure ML, Kubeflow.
 
-:mod:`distcompat.env` detects the launcher and calls one parser here; it reads ``RANK``,
+``_env`` detects the launcher and calls one parser here; it reads ``RANK``,
 ``WORLD_SIZE`` and their companions from the mapping it is given (never ``os.environ``) into a
-:class:`~distcompat._env_rules.Draft`, whose values carry their variable's name. The process no
+:class:`~distcompat.launch._rules.Draft`, whose values carry their variable's name. The process no
 launcher started is described here too, as the contract's absence.
 
 Example:
@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Mapping
 
-from distcompat._env_rules import (
+from distcompat.launch._rules import (
     INTEGER,
     Draft,
     LaunchEnvError,

@@ -3,7 +3,7 @@
 Slurm exports node lists compressed (``SLURM_JOB_NODELIST=node[01-03,07],gpu5``) and per-node task
 counts run-length encoded (``SLURM_TASKS_PER_NODE=2(x3),1``). These pure functions expand both the
 way ``scontrol show hostnames`` does and raise :class:`SlurmFormatError`, which names the string,
-the position and the problem, on anything else. :mod:`distcompat.env` adds the variable name.
+the position and the problem, on anything else. ``_env`` adds the variable name.
 
 Example:
     >>> expand_hostlist("node[01-02],gpu5")

@@ -1,6 +1,6 @@
 """Read schedulers and MPI, which spell a task's place their own way: Slurm, MPI, LSF, SageMaker.
 
-:mod:`distcompat.env` detects the launcher and calls one parser here. None of these launchers
+``_env`` detects the launcher and calls one parser here. None of these launchers
 sets ``MASTER_ADDR``, so each parser derives the master from what the job exports (its host
 list, Azure ML's master variable, loopback on a single node) and the port from the job ID or the
 platform's convention, unless ``MASTER_ADDR`` / ``MASTER_PORT`` are set.
@@ -21,8 +21,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, TypeVar
 
-from distcompat import _slurm
-from distcompat._env_rules import (
+from distcompat.launch import _slurm
+from distcompat.launch._rules import (
     INTEGER,
     Draft,
     LaunchEnvError,

@@ -12,16 +12,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from distcompat._host import HostInfo, probe_host
-from distcompat._placement import (
+from distcompat.launch import LaunchEnv, LaunchEnvError, launch_pitfalls
+from distcompat.launch._host import HostInfo, probe_host
+from distcompat.launch._placement import (
     BackendUnavailableError,
     DeviceBindingError,
     choose_backend,
     choose_timeout,
     resolve_device,
 )
-from distcompat.diagnostics._pitfalls import launch_pitfalls
-from distcompat.env import LaunchEnv, LaunchEnvError
 
 __all__ = ["DoctorReport", "collect_report"]
 

@@ -1,7 +1,7 @@
 """The rules every launcher's values obey, and the values that carry their variable's name.
 
-:mod:`distcompat.env` detects the launcher, and :mod:`distcompat._env_contract` or
-:mod:`distcompat._schedulers` reads its variables; all three speak the small vocabulary defined
+``_env`` detects the launcher, and ``_contract`` or
+``_schedulers`` reads its variables; all three speak the small vocabulary defined
 here, so that every error can name the variable, its value and the rule it breaks. A value keeps
 its name from the moment it is read::
 

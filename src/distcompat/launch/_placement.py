@@ -6,7 +6,7 @@ decides the backend, never ``torch.cuda.is_available()`` alone::
     device = resolve_device("cpu", local_rank=0, env=env, host=probe_host())
     backend = choose_backend(device.device, None, host=probe_host())   # gloo, with the reason
 
-Both functions are pure: the host comes in as a :class:`~distcompat._host.HostInfo`, so tests can
+Both functions are pure: the host comes in as a :class:`HostInfo`, so tests can
 describe hosts we do not have.
 """
 
@@ -17,8 +17,8 @@ from datetime import timedelta
 
 import torch
 
-from distcompat._host import HostInfo
-from distcompat.env import LaunchEnv
+from distcompat.launch._env import LaunchEnv
+from distcompat.launch._host import HostInfo
 
 __all__ = [
     "DEFAULT_BACKENDS",
@@ -94,7 +94,7 @@ def resolve_device(
     An accelerator type without an index is bound to ``LOCAL_RANK`` (never ``RANK``: seed 002, D3).
 
     Example:
-        >>> from distcompat._host import probe_host
+        >>> from distcompat.launch._host import probe_host
         >>> env = LaunchEnv.from_environ({})
         >>> resolve_device("cpu", local_rank=0, env=env, host=probe_host()).device
         device(type='cpu')
@@ -182,7 +182,7 @@ def choose_backend(device: torch.device, requested: str | None, *, host: HostInf
     ``requested`` may be a backend name (``"gloo"``) or a per-device map (``"cpu:gloo,cuda:nccl"``).
 
     Example:
-        >>> from distcompat._host import probe_host
+        >>> from distcompat.launch._host import probe_host
         >>> choose_backend(torch.device("cpu"), None, host=probe_host()).backend
         'gloo'
     """

@@ -1,6 +1,7 @@
 """Launch pitfalls that end in a hang or a confusing failure, found before the first collective.
 
-Reported by ``distcompat doctor`` and logged once at ``init_distributed`` (node-local rank 0)::
+Reported by ``distcompat doctor``, and logged once at ``init_distributed`` (node-local rank 0) by
+:func:`distcompat.diagnostics.log_launch_pitfalls`::
 
     for pitfall in launch_pitfalls(LaunchEnv.from_environ(), backend="gloo"):
         print(pitfall.problem, pitfall.fix)
@@ -21,13 +22,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from distcompat.env import LaunchEnv
+from distcompat.launch._env import LaunchEnv
 
 __all__ = [
     "Pitfall",
     "launch_pitfalls",
     "launcher_argv",
-    "log_launch_pitfalls",
     "torchrun_prefix_pitfalls",
 ]
 
@@ -73,6 +73,7 @@ def launcher_argv(pid: int | None = None) -> list[str] | None:
 def _torchrun_parser() -> argparse.ArgumentParser | None:
     """Torchrun's own parser (``torch.distributed.run.get_args_parser``), if this torch has it."""
     try:
+        # Heavy: torch.distributed.run imports the elastic agent; only torchrun launches need it.
         from torch.distributed import run
     except ImportError:  # a torch without torch.distributed.run: nothing to compare against
         return None
@@ -208,32 +209,4 @@ def launch_pitfalls(
         argv = launcher_argv()
     if argv:
         found += torchrun_prefix_pitfalls(argv)
-    return found
-
-
-_logged: set[str] = set()
-
-
-def log_launch_pitfalls(
-    env: LaunchEnv, *, backend: str | None = None, argv: Sequence[str] | None = None
-) -> list[Pitfall]:
-    """Log each launch pitfall once per process, on each node's local rank 0; return them.
-
-    Called by :func:`distcompat.init_distributed` before it creates the group.
-
-    Example:
-        >>> log_launch_pitfalls(LaunchEnv.from_environ({}), argv=[])
-        []
-    """
-    if env.local_rank != 0:
-        return []
-    found = launch_pitfalls(env, backend=backend, argv=argv)
-    from distcompat.rank_logging import get_logger  # imported late: it imports this package
-
-    log = get_logger("distcompat", ranks="all")
-    for pitfall in found:
-        text = pitfall.describe()
-        if text not in _logged:
-            _logged.add(text)
-            log.warning("launch pitfall: %s", text)
     return found

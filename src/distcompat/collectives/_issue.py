@@ -1,0 +1,52 @@
+"""Issue one backend collective and hand back a :class:`CompatWork` (async) or finish it (sync).
+
+Every distcompat collective ends in :func:`issue`: the call that the watchdog bounds, whose
+backend errors come out typed, and whose finishing step (divide, copy back, trim) runs when the
+op completes::
+
+    return issue("all_reduce", lambda a: dist.all_reduce(wire, op=native, async_op=a), group,
+                 tensor, finish, async_op)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from distcompat.collectives import _checked
+from distcompat.collectives._errors import raise_typed
+from distcompat.collectives._wire import Finish
+from distcompat.collectives._work import CompatWork
+
+__all__ = ["issue"]
+
+
+def issue(
+    op: str,
+    call: Callable[[bool], Any],
+    group: Any,
+    result: Any,
+    finish: Finish | None,
+    async_op: bool,
+) -> CompatWork | None:
+    """Run ``call(async_op)``; finish now (sync) or when the op completes (async).
+
+    Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
+    """
+    watcher = _checked.watch  # distcompat.diagnostics' watchdog, None unless one is active
+    try:
+        if not async_op:
+            if watcher is None:
+                call(False)
+            else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
+                watcher.wait_sync(call(True), op, group)
+            if finish is not None:
+                finish()
+            return None
+        work = call(True)
+    except RuntimeError as exc:  # inline, not typed_errors(): this is every call's hot path
+        raise_typed(exc, op, group)
+    handle = CompatWork.from_work(work, group, result, finish, op=op)
+    if watcher is not None:
+        watcher.track_async(handle)
+    return handle

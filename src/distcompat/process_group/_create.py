@@ -1,0 +1,183 @@
+"""Making the group: a single process, an adopted group, or a new one from the launcher env.
+
+:func:`distcompat.init_distributed` (``_lifecycle``) calls exactly one of these per init; each
+binds the run device and returns the :class:`~distcompat.DistInfo` with its reasons::
+
+    info = create_group(device, backend, timeout, LaunchEnv.from_environ())
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distcompat._ranks import DistInfo, keep_rendezvous
+from distcompat.collectives._peers import publish as publish_identity
+from distcompat.launch import LaunchEnv
+from distcompat.launch._host import probe_host
+from distcompat.launch._placement import (
+    BackendChoice,
+    DeviceChoice,
+    TimeoutChoice,
+    choose_backend,
+    choose_timeout,
+    resolve_device,
+)
+
+__all__ = ["DistInitError", "adopt_group", "create_group", "single_process"]
+
+
+class DistInitError(RuntimeError):
+    """The process group cannot be created from what the launcher environment says."""
+
+
+def _bind(choice: DeviceChoice) -> None:
+    if choice.device.type == "cuda":
+        torch.cuda.set_device(choice.device)
+    elif choice.device.type == "xpu":
+        torch.xpu.set_device(choice.device)
+
+
+def single_process(
+    device: str | torch.device, timeout: float | timedelta | None, launch: LaunchEnv
+) -> DistInfo:
+    """No launcher env: bind the run device and describe one process with no group."""
+    chosen = resolve_device(device, local_rank=0, env=launch, host=probe_host())
+    _bind(chosen)
+    waited = choose_timeout(timeout)
+    return DistInfo(
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        device=chosen.device,
+        backend=None,
+        timeout=waited.timeout,
+        launcher=launch.launcher,
+        has_group=False,
+        adopted=False,
+        device_reason=chosen.reason,
+        backend_reason="none: no launcher environment, so one process and no process group",
+        timeout_reason=waited.reason,
+    )
+
+
+def adopt_group(
+    device: str | torch.device, timeout: float | timedelta | None, launch: LaunchEnv
+) -> DistInfo:
+    """Describe (never recreate) the default group someone else made; bind the run device."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    backend = str(dist.get_backend())
+    if launch.is_distributed:
+        local_rank, local_world_size, node_rank = (
+            launch.local_rank,
+            launch.local_world_size,
+            launch.node_rank,
+        )
+        where = f"LOCAL_RANK from the {launch.launcher} environment"
+    else:
+        local_rank, local_world_size, node_rank = rank, world_size, 0
+        where = "no launcher env: assumed one node, LOCAL_RANK = RANK"
+    if device == "auto":
+        # Follow the adopted group's backend: a gloo group means the owner chose the CPU.
+        device = "cuda" if "nccl" in backend else "xpu" if "xccl" in backend else "cpu"
+    chosen = resolve_device(device, local_rank=local_rank, env=launch, host=probe_host())
+    _bind(chosen)
+    publish_identity()
+    if timeout is None:
+        group_timeout, timeout_reason = None, "unknown: the adopted group keeps its owner's timeout"
+    else:
+        group_timeout = choose_timeout(timeout).timeout
+        dist.group.WORLD.set_timeout(group_timeout)  # type: ignore[union-attr]
+        timeout_reason = f"{group_timeout}: requested, applied to the adopted group"
+    return DistInfo(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        device=chosen.device,
+        backend=backend,
+        timeout=group_timeout,
+        launcher=launch.launcher,
+        has_group=True,
+        adopted=True,
+        device_reason=f"{chosen.reason} ({where})",
+        backend_reason=f"{backend}: adopted the process group that already existed",
+        timeout_reason=timeout_reason,
+    )
+
+
+def _make_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
+    if launch.master_addr is None or launch.master_port is None:
+        raise DistInitError(
+            f"the {launch.launcher} launch gives no rendezvous address "
+            f"(master_addr={launch.master_addr!r}, master_port={launch.master_port!r}): "
+            "set MASTER_ADDR and MASTER_PORT to rank 0's host and a free port"
+        )
+    host_here = launch.rank == 0 and not launch.agent_store
+    try:
+        return dist.TCPStore(
+            launch.master_addr,
+            launch.master_port,
+            world_size=launch.world_size,
+            is_master=host_here,
+            timeout=timeout,
+            wait_for_workers=False,
+            multi_tenant=host_here,
+        )
+    except (RuntimeError, OSError) as exc:
+        role = "host" if host_here else "reach"
+        raise DistInitError(
+            f"rank {launch.rank} could not {role} the rendezvous store at "
+            f"{launch.master_addr}:{launch.master_port} ({launch.launcher}): {exc}"
+        ) from exc
+
+
+def create_group(
+    device: str | torch.device,
+    backend: str | None,
+    timeout: float | timedelta | None,
+    launch: LaunchEnv,
+) -> DistInfo:
+    """Rendezvous through a fresh store prefix and create the default group for ``launch``."""
+    host = probe_host()
+    chosen: DeviceChoice = resolve_device(
+        device, local_rank=launch.local_rank, env=launch, host=host
+    )
+    picked: BackendChoice = choose_backend(chosen.device, backend, host=host)
+    waited: TimeoutChoice = choose_timeout(timeout)
+    _bind(chosen)
+    store = _make_store(launch, waited.timeout)
+    # Each rank counts its own inits in the store; ranks init together, so the counts agree and
+    # every generation rendezvouses under keys no earlier group has written.
+    generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
+    keep_rendezvous(store, generation)
+    dist.init_process_group(
+        backend=picked.backend,
+        store=dist.PrefixStore(f"distcompat/generation{generation}", store),
+        rank=launch.rank,
+        world_size=launch.world_size,
+        timeout=waited.timeout,
+        device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
+    )
+    publish_identity()  # so a lost peer can be named in groups larger than two
+    return DistInfo(
+        rank=launch.rank,
+        local_rank=launch.local_rank,
+        world_size=launch.world_size,
+        local_world_size=launch.local_world_size,
+        node_rank=launch.node_rank,
+        device=chosen.device,
+        backend=picked.backend,
+        timeout=waited.timeout,
+        launcher=launch.launcher,
+        has_group=True,
+        adopted=False,
+        device_reason=chosen.reason,
+        backend_reason=picked.reason,
+        timeout_reason=waited.reason,
+    )

@@ -1,0 +1,181 @@
+"""Process-group lifecycle: init once from the launcher env, adopt a group that exists, tear down.
+
+The two lines a training script writes::
+
+    info = distcompat.init_distributed(device="cpu")   # gloo, even on a host with a GPU
+    print(info.reason)                                  # why this device, backend and timeout
+
+Rules this module keeps:
+
+* The backend follows the RUN device (cpu -> gloo, cuda -> nccl, xpu -> xccl, mps -> gloo).
+* An accelerator is bound by ``LOCAL_RANK``; a LOCAL_RANK with no device is a clear error.
+* Idempotent: a second call returns the same :class:`DistInfo` (and warns if its arguments differ);
+  a group someone else created (Ray Train, user code) is adopted, never recreated or destroyed.
+* No launcher env means one process and no group: every helper here is then the identity.
+* Each init keys its rendezvous under a fresh store prefix, so init -> destroy -> init works even
+  when a launcher's store outlives the group (torchrun's agent store: plain torch fails there).
+* Nothing happens at import time.
+
+This is the layer that wires the others together (docs/architecture.md): it asks ``launch`` for
+the placement, publishes this rank's identity for ``collectives`` to name lost peers, logs
+launch pitfalls and starts the watchdog from ``diagnostics``. The group itself is made in
+``_create``; the rank queries read the record kept in ``distcompat._ranks``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from distcompat._ranks import DistInfo, group_active, record
+from distcompat.diagnostics import Watchdog, log_launch_pitfalls
+from distcompat.diagnostics import watchdog as start_watchdog
+from distcompat.launch import LaunchEnv
+from distcompat.process_group._create import adopt_group, create_group, single_process
+
+__all__ = ["destroy_distributed", "distributed_session", "init_distributed"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    device: str
+    backend: str | None
+    timeout: timedelta | None
+    watchdog: float | None = None
+
+    def __str__(self) -> str:
+        text = f"device={self.device!r}, backend={self.backend!r}, timeout={self.timeout}"
+        return text + (f", watchdog={self.watchdog}" if self.watchdog is not None else "")
+
+
+@dataclass(slots=True)
+class _Lifecycle:
+    info: DistInfo
+    request: _Request
+    watchdog: Watchdog | None = None  # the watchdog init started, if any
+
+
+# What init_distributed set up, with the arguments it was called with (for idempotence).
+_current: _Lifecycle | None = None
+
+
+def _normalize(
+    device: str | torch.device,
+    backend: str | None,
+    timeout: float | timedelta | None,
+    watchdog: float | None = None,
+) -> _Request:
+    seconds = timedelta(seconds=timeout) if isinstance(timeout, (int, float)) else timeout
+    return _Request(str(device), backend, seconds, watchdog)
+
+
+def init_distributed(
+    device: str | torch.device = "auto",
+    backend: str | None = None,
+    timeout: float | timedelta | None = None,
+    *,
+    env: LaunchEnv | None = None,
+    watchdog: float | None = None,
+) -> DistInfo:
+    """Create (or adopt) the default process group for this launch and bind the run device.
+
+    Args:
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"xpu"`` or ``"mps"``.
+            A type without an index is bound to ``LOCAL_RANK``.
+        backend: ``None`` to follow the run device, a name (``"gloo"``), or a per-device map
+            (``"cpu:gloo,cuda:nccl"``).
+        timeout: seconds or a timedelta; ``None`` means 10 minutes (torch's gloo default is 30).
+        env: the launcher environment; ``None`` reads it with :meth:`LaunchEnv.from_environ`.
+        watchdog: seconds; start a :func:`distcompat.watchdog` with this timeout for the life of
+            the group (a hang then raises ``HangError`` naming the late rank). ``None``: off.
+
+    Launch pitfalls (a script option torchrun takes as its own, multi-node gloo without
+    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0.
+
+    Example:
+        >>> info = init_distributed(device="cpu")
+        >>> info.device
+        device(type='cpu')
+        >>> init_distributed(device="cpu") is info   # idempotent
+        True
+        >>> destroy_distributed()
+    """
+    global _current
+    request = _normalize(device, backend, timeout, watchdog)
+    if _current is not None:
+        if _current.info.has_group and not dist.is_initialized():
+            _current = None  # someone destroyed our group behind our back: start again
+            record(None)
+        else:
+            if request != _current.request:
+                warnings.warn(
+                    f"init_distributed() already ran with ({_current.request}); ignoring the new "
+                    f"arguments ({request}) and returning the existing DistInfo",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return _current.info
+    launch = env if env is not None else LaunchEnv.from_environ()
+    if group_active():
+        info = adopt_group(device, timeout, launch)
+    elif not launch.is_distributed:
+        info = single_process(device, timeout, launch)
+    else:
+        log_launch_pitfalls(launch, backend=backend)
+        info = create_group(device, backend, timeout, launch)
+    record(info)
+    started = None if watchdog is None else start_watchdog(watchdog).start()
+    _current = _Lifecycle(info=info, request=request, watchdog=started)
+    return info
+
+
+def destroy_distributed() -> None:
+    """Destroy the group :func:`init_distributed` created; safe to call twice or before init.
+
+    An adopted group belongs to whoever made it (Ray Train, user code) and is left running;
+    only distcompat's record of it is dropped.
+
+    Example:
+        >>> destroy_distributed()   # nothing to do: a no-op
+    """
+    global _current
+    state, _current = _current, None
+    record(None)
+    if state is not None and state.watchdog is not None:
+        state.watchdog.stop()
+    if state is None or state.info.adopted or not state.info.has_group:
+        return
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed_session(
+    device: str | torch.device = "auto",
+    backend: str | None = None,
+    timeout: float | timedelta | None = None,
+    *,
+    env: LaunchEnv | None = None,
+) -> Iterator[DistInfo]:
+    """Context-manager form of :func:`init_distributed`: destroys on exit what it created.
+
+    If a group was already set up when the block starts, it is left in place at the end.
+
+    Example:
+        >>> with distributed_session(device="cpu") as info:
+        ...     info.world_size
+        1
+    """
+    already = _current is not None or group_active()
+    info = init_distributed(device, backend, timeout, env=env)
+    try:
+        yield info
+    finally:
+        if not already:
+            destroy_distributed()
