@@ -1,3 +1,4 @@
+# ruff: noqa: E402  (the imports follow quiet_own_command() on purpose: see _command)
 """distcompat: PyTorch distributed code that behaves the same on every backend and launcher.
 
 The two lines a training script writes::
@@ -6,8 +7,13 @@ The two lines a training script writes::
     info = distcompat.init_distributed(device="cpu")   # gloo on CPU, nccl on CUDA
     print(info.reason)                                  # why this device, backend, timeout
 
-Importing distcompat configures nothing, writes no environment variable and probes no hardware.
+Importing distcompat configures nothing, writes no environment variable and probes no hardware;
+only in distcompat's own command (``distcompat ...``) does it first hide torch's NumPy warning.
 """
+
+from distcompat._command import quiet_own_command
+
+quiet_own_command()  # before any module below imports torch; a no-op in a user's program
 
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version

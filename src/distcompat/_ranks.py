@@ -66,6 +66,7 @@ class DistInfo:
     device_reason: str
     backend_reason: str
     timeout_reason: str
+    watchdog_reason: str = ""
 
     @property
     def is_main_process(self) -> bool:
@@ -74,14 +75,32 @@ class DistInfo:
 
     @property
     def reason(self) -> str:
-        """One line per choice (device, backend, timeout) saying what was chosen and why."""
-        return "\n".join(
-            (
-                f"device: {self.device_reason}",
-                f"backend: {self.backend_reason}",
-                f"timeout: {self.timeout_reason}",
-            )
-        )
+        """One line per choice (device, backend, timeout, watchdog) saying what and why."""
+        lines = [
+            f"device: {self.device_reason}",
+            f"backend: {self.backend_reason}",
+            f"timeout: {self.timeout_reason}",
+        ]
+        if self.watchdog_reason:
+            lines.append(f"watchdog: {self.watchdog_reason}")
+        return "\n".join(lines)
+
+    @property
+    def summary(self) -> str:
+        """What was set up, in one phrase: the group (backend, size, launcher) or one process.
+
+        Example:
+            >>> from distcompat import destroy_distributed, init_distributed
+            >>> init_distributed(device="cpu").summary
+            'one process on cpu, no process group (no launcher)'
+            >>> destroy_distributed()
+        """
+        if not self.has_group:
+            how = "no launcher" if self.launcher == "none" else f"launcher {self.launcher}"
+            return f"one process on {self.device.type}, no process group ({how})"
+        ranks = "rank" if self.world_size == 1 else "ranks"
+        how = "adopted" if self.adopted else f"launcher {self.launcher}"
+        return f"{self.backend} group of {self.world_size} {ranks} on {self.device.type} ({how})"
 
 
 # The one piece of module state: what init_distributed set up, and for a group it created, the

@@ -21,6 +21,8 @@ from distcompat.launch._placement import (
     choose_timeout,
     resolve_device,
 )
+from distcompat.launch._rules import LaunchEnvError as SettingError
+from distcompat.launch._settings import choose_watchdog
 
 __all__ = ["DoctorReport", "collect_report"]
 
@@ -38,6 +40,7 @@ class DoctorReport:
     timeout_reason: str
     problems: tuple[str, ...]
     pitfalls: tuple[str, ...] = ()
+    watchdog_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -59,6 +62,7 @@ class DoctorReport:
             f"device:  {self.device or '-'}  ({self.device_reason})",
             f"backend: {self.backend or '-'}  ({self.backend_reason})",
             f"timeout: {self.timeout_reason}",
+            f"watchdog: {self.watchdog_reason}",
             f"torch {self.host.torch_version}; collective backends built in: "
             f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
             f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
@@ -88,6 +92,7 @@ class DoctorReport:
                 "backend": self.backend,
                 "backend_reason": self.backend_reason,
                 "timeout_reason": self.timeout_reason,
+                "watchdog_reason": self.watchdog_reason,
                 "torch_version": self.host.torch_version,
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
@@ -143,6 +148,14 @@ def collect_report(
                 pitfalls.append(pitfall.describe())
         if not env.is_distributed:
             backend_reason = f"none needed: single process ({backend_reason} if it were launched)"
+    timeout = choose_timeout(None)
+    try:
+        watch = choose_watchdog(None, group_timeout=timeout.timeout, environ=environ).reason
+    except SettingError as exc:
+        problems.append(str(exc))
+        watch = f"failed: {exc}"
+    if env is not None and not env.is_distributed:
+        watch = f"none needed: single process ({watch.split(':')[0]} if it were launched)"
     return DoctorReport(
         env=env,
         host=host,
@@ -150,7 +163,8 @@ def collect_report(
         device_reason=device_reason,
         backend=backend_name,
         backend_reason=backend_reason,
-        timeout_reason=choose_timeout(None).reason,
+        timeout_reason=timeout.reason,
         problems=tuple(problems),
         pitfalls=tuple(pitfalls),
+        watchdog_reason=watch,
     )

@@ -18,6 +18,7 @@ from distcompat import __version__
 from distcompat.cli._doctor import collect_report
 from distcompat.collectives._capabilities import capabilities
 from distcompat.diagnostics import DumpReadError, read_dumps
+from distcompat.diagnostics._config import default_dump_dir
 from distcompat.process_group import distributed_session
 
 __all__ = ["main"]
@@ -56,12 +57,23 @@ def _build_parser() -> argparse.ArgumentParser:
         "diagnose",
         help="read the per-rank hang dumps a watchdog wrote and say which rank diverged",
         description=(
-            "Read rank<R>.json hang dumps (written by distcompat.watchdog) from DIR and print "
+            "Read the hang dumps a distcompat watchdog wrote under DIR "
+            "(DIR/<job>/incident-<N>/rank<R>.json) and print, for one incident of one job, "
             "which rank is behind, gone or in a different collective, the calls side by side, "
-            "and each rank's stacks. Exits 0 when a report was read, 2 when DIR has none."
+            "and each rank's stacks. The newest incident is read unless --job / --incident pick "
+            "another; the others found are listed, never merged. Exits 0 when a report was "
+            "read, 2 when DIR has none (or none matches)."
         ),
     )
-    diagnose.add_argument("directory", metavar="DIR", help="directory holding rank<R>.json dumps")
+    diagnose.add_argument(
+        "directory",
+        metavar="DIR",
+        nargs="?",
+        default=str(default_dump_dir()),
+        help=f"where the dumps are (default: {default_dump_dir()})",
+    )
+    diagnose.add_argument("--job", default=None, help="the job to read (its name or a prefix)")
+    diagnose.add_argument("--incident", type=int, default=None, help="the incident number")
     # Imported here, not at the top: the demo imports distcompat.attention, which pulls in
     # torch._dynamo (heavy), and `distcompat doctor` should not pay for it.
     from distcompat.demo._cli import add_demo_parser
@@ -102,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if report.ok else 1
     if options.command == "diagnose":
         try:
-            text = read_dumps(options.directory).describe()
+            found = read_dumps(options.directory, job=options.job, incident=options.incident)
+            text = found.describe()
         except DumpReadError as exc:
             sys.stderr.write(f"distcompat diagnose: {exc}\n")
             return 2

@@ -3,6 +3,7 @@
 A stuck collective blocks the process group, but the TCPStore the group was created from still
 answers. Keys (under a prefix unique to the group's generation)::
 
+    job                        the job's name, agreed at start: the first rank's proposal wins
     alarm                      incident counter: a rank that declares a hang bumps it
     i<N>/trigger               who declared incident N and why
     i<N>/state/<rank>          each rank's RankState (JSON, no stacks)
@@ -52,6 +53,18 @@ class SideChannel:
         """Return the latest incident number (0: none yet), without blocking."""
         with _guard("add"):
             return int(self._store.add("alarm", 0))
+
+    def agree(self, key: str, proposal: str) -> str:
+        """Return the value every rank agrees on for ``key``: the first proposal made.
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> channel = SideChannel(dist.HashStore(), "demo", rank=0, world_size=2)
+            >>> channel.agree("job", "a"), channel.agree("job", "b")
+            ('a', 'a')
+        """
+        with _guard("compare_set"):
+            return bytes(self._store.compare_set(key, "", proposal)).decode()
 
     def raise_alarm(self, seen: int) -> int:
         """Declare incident ``seen + 1`` unless another rank already did; return the current one."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["Action", "WatchdogConfig"]
+__all__ = ["Action", "WatchdogConfig", "default_dump_dir"]
 
 Action = Literal["raise", "report"]
 
@@ -24,10 +24,11 @@ class WatchdogConfig:
 
     ``timeout``: seconds a collective may take before a hang is declared. ``action``: ``"raise"``
     (HangError on the stuck rank, and at the next collective on the others) or ``"report"``
-    (report, then keep waiting). ``dump_dir``: where ``rank<R>.json`` goes (default
-    ``<tmp>/distcompat-hangs``). ``grace``: seconds to wait for the other ranks' accounts
-    (default ``max(2, 3 * poll)``). ``poll``: seconds between two alarm checks (default
-    ``timeout / 4`` within 0.25-2 s). ``history``: collectives kept per rank.
+    (report, then keep waiting). ``dump_dir``: where ``<job>/incident-<N>/rank<R>.json`` goes
+    (default ``<tmp>/distcompat-hangs``; every job writes under its own folder there). ``grace``:
+    seconds to wait for the other ranks' accounts (default ``max(2, 3 * poll)``). ``poll``:
+    seconds between two alarm checks (default ``timeout / 4`` within 0.25-2 s). ``history``:
+    collectives kept per rank.
 
     Example:
         >>> WatchdogConfig(timeout=8).poll_s, WatchdogConfig(timeout=8).grace_s
@@ -60,4 +61,14 @@ class WatchdogConfig:
     @property
     def directory(self) -> Path:
         """Where dumps are written."""
-        return self.dump_dir or Path(tempfile.gettempdir()) / "distcompat-hangs"
+        return self.dump_dir or default_dump_dir()
+
+
+def default_dump_dir() -> Path:
+    """Where watchdogs write their dumps by default (one folder per job inside).
+
+    Example:
+        >>> default_dump_dir().name
+        'distcompat-hangs'
+    """
+    return Path(tempfile.gettempdir()) / "distcompat-hangs"

@@ -4,15 +4,18 @@ The line a user types (after copying every node's dump directory into one)::
 
     distcompat diagnose /tmp/distcompat-hangs
 
-Each ``rank<R>.json`` holds that rank's own account (with its stacks and history) and the
-cross-rank report it assembled. The newest incident wins; a rank with no file of its own is
-described from the other ranks' reports.
+Watchdogs write ``<dir>/<job>/incident-<N>/rank<R>.json``; each file also names its job and
+incident inside, so the folders may be merged or moved. One incident of one job is read at a time:
+the newest, or the one asked for (``job=``, ``incident=``); the others found are listed, never
+mixed in. Each dump holds that rank's own account (with its stacks and history) and the cross-rank
+report it assembled; a rank with no file of its own is described from the other ranks' reports.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,10 +36,11 @@ class DumpReadError(OSError):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PostMortem:
-    """The merged view of one incident's dumps.
+    """The merged view of one incident's dumps (one job's, never a mix of jobs).
 
     ``report`` merges every rank's account (its own file first); ``histories`` maps each rank
-    with a file to its recorded collectives; ``skipped`` names files left out, with the reason.
+    with a file to its recorded collectives; ``skipped`` names files left out, with the reason;
+    ``others`` lists the other incidents found (each ``job <J> incident <N>: ...``).
 
     Example:
         >>> read_dumps("/nonexistent")  # doctest: +SKIP
@@ -47,14 +51,23 @@ class PostMortem:
     files: dict[int, Path]
     histories: dict[int, tuple[CollectiveRecord, ...]]
     skipped: tuple[str, ...]
+    others: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """Return the verdict, the calls side by side, then each rank's stacks, labelled."""
         ranks = sorted(self.files)
         lines = [
             f"{len(ranks)} dump(s) in {self.directory} (ranks {', '.join(map(str, ranks))}), "
-            f"incident {self.report.incident}",
+            f"job {self.report.job}, incident {self.report.incident}",
             *(f"skipped {why}" for why in self.skipped),
+        ]
+        if self.others:
+            lines += [
+                f"{len(self.others)} other incident(s) here, not merged (read one with "
+                "`distcompat diagnose DIR --job JOB --incident N`):",
+                *(f"  {other}" for other in self.others),
+            ]
+        lines += [
             self.report.describe(),
             *self._side_by_side(),
         ]
@@ -95,15 +108,58 @@ def _short(record: CollectiveRecord) -> str:
 
 def _load(path: Path) -> dict[str, Any]:
     data = json.loads(path.read_text())
-    if not isinstance(data, dict) or data.get("format") != _FORMAT:
-        raise ValueError(f"not a {_FORMAT} dump")
+    if not isinstance(data, dict) or "format" not in data:
+        raise ValueError("not a distcompat hang dump")
+    if data["format"] != _FORMAT:
+        raise ValueError(
+            f"format {data['format']!r}, not {_FORMAT!r} (older dumps name no job, so they "
+            "cannot be told apart from other jobs' dumps)"
+        )
+    for key, kind in (("job", str), ("incident", int), ("rank", int)):
+        kind(data[key])  # present and of the right kind, or KeyError / ValueError
     return data
 
 
-def read_dumps(directory: str | os.PathLike[str]) -> PostMortem:
-    """Read ``rank<R>.json`` dumps from ``directory`` and merge the newest incident.
+_Key = tuple[str, int]  # (job, incident)
 
-    Raises :class:`DumpReadError` when the directory cannot be read or holds no dump.
+
+def _choose(
+    keys: dict[_Key, list[Path]], loaded: dict[Path, dict[str, Any]], job: str | None,
+    incident: int | None, root: Path,
+) -> _Key:  # fmt: skip
+    """Pick the incident to read: the newest of those matching ``job`` / ``incident``."""
+    wanted = [
+        key for key in keys
+        if (job is None or key[0] == job or key[0].startswith(job))
+        and (incident is None or key[1] == incident)
+    ]  # fmt: skip
+    if not wanted:
+        found = ", ".join(f"job {j} incident {n}" for j, n in sorted(keys))
+        raise DumpReadError(
+            f"no dump of job={job!r} incident={incident!r} in {root} (found: {found})"
+        )
+    jobs = {key[0] for key in wanted}
+    if job is not None and len(jobs) > 1:
+        raise DumpReadError(f"job={job!r} matches several jobs: {', '.join(sorted(jobs))}")
+    return max(wanted, key=lambda k: (max(float(loaded[p]["written"]) for p in keys[k]), k[1]))
+
+
+def _summary(key: _Key, paths: list[Path], loaded: dict[Path, dict[str, Any]]) -> str:
+    ranks = sorted({int(loaded[p]["rank"]) for p in paths})
+    when = max(float(loaded[p]["written"]) for p in paths)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
+    return f"job {key[0]} incident {key[1]}: ranks {', '.join(map(str, ranks))}, written {stamp}"
+
+
+def read_dumps(
+    directory: str | os.PathLike[str], *, job: str | None = None, incident: int | None = None
+) -> PostMortem:
+    """Read the hang dumps under ``directory`` and merge one incident of one job.
+
+    The newest incident is read unless ``job`` (its name or a unique prefix) or ``incident``
+    pick another; every other incident found is listed in :attr:`PostMortem.others`, never
+    merged. Raises :class:`DumpReadError` when the directory cannot be read, holds no dump, or
+    none matches.
 
     Example:
         >>> read_dumps("/nonexistent/dir")
@@ -113,9 +169,9 @@ def read_dumps(directory: str | os.PathLike[str]) -> PostMortem:
     """
     root = Path(directory)
     try:
-        paths = sorted(root.glob("rank*.json"))
         if not root.is_dir():
             raise NotADirectoryError(f"{root} is not a directory")
+        paths = sorted(root.rglob("rank*.json"))
     except OSError as exc:
         raise DumpReadError(f"cannot read {root}: {exc}") from exc
     loaded: dict[Path, dict[str, Any]] = {}
@@ -123,40 +179,60 @@ def read_dumps(directory: str | os.PathLike[str]) -> PostMortem:
     for path in paths:
         try:
             loaded[path] = _load(path)
-        except (OSError, ValueError, KeyError) as exc:
-            skipped.append(f"{path.name}: {exc}")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            skipped.append(f"{path.relative_to(root)}: {exc}")
     if not loaded:
         extra = f" ({'; '.join(skipped)})" if skipped else ""
         raise DumpReadError(
-            f"no hang dump (rank<R>.json from a distcompat watchdog) in {root}{extra}"
+            f"no hang dump (rank<R>.json from a distcompat watchdog) under {root}{extra}"
         )
-    reports = {path: HangReport.from_json(data["report"]) for path, data in loaded.items()}
-    newest = max(r.incident for r in reports.values())
-    chosen = {p: d for p, d in loaded.items() if reports[p].incident == newest}
-    skipped += [f"{p.name}: an older incident" for p in loaded if p not in chosen]
-    first = reports[next(iter(chosen))]
+    keys: dict[_Key, list[Path]] = {}
+    for path, data in loaded.items():
+        keys.setdefault((str(data["job"]), int(data["incident"])), []).append(path)
+    chosen_key = _choose(keys, loaded, job, incident, root)
+    others = tuple(_summary(k, p, loaded) for k, p in sorted(keys.items()) if k != chosen_key)
+    by_rank: dict[int, Path] = {}
+    for path in sorted(keys[chosen_key], key=lambda p: float(loaded[p]["written"])):
+        rank = int(loaded[path]["rank"])
+        if rank in by_rank:  # the same rank twice (copied twice): the newest wins
+            skipped.append(f"{by_rank[rank].relative_to(root)}: rank {rank} again, newer file used")
+        by_rank[rank] = path
+    chosen = {path: loaded[path] for path in by_rank.values()}
+    reports = {path: HangReport.from_json(data["report"]) for path, data in chosen.items()}
+    first = reports[by_rank[min(by_rank)]]
+    odd = [p for p, r in reports.items() if r.world_size != first.world_size]
+    if odd:
+        raise DumpReadError(
+            f"dumps of job {chosen_key[0]} incident {chosen_key[1]} disagree on the world size "
+            f"({', '.join(str(p) for p in odd)}): not merged"
+        )
     states: dict[int, RankState | None] = dict.fromkeys(range(first.world_size))
     for path in chosen:  # other ranks' view first, then each rank's own account wins
         for rank, state in reports[path].states.items():
             if state is not None and states.get(rank) is None:
                 states[rank] = state
-    files = {int(d["rank"]): p for p, d in chosen.items()}
-    for rank, path in files.items():
+    for rank, path in by_rank.items():
         own = reports[path].states.get(rank)
         if own is not None:
             states[rank] = own
     report = HangReport(
-        incident=newest,
-        written_by=min(files),
+        incident=chosen_key[1],
+        written_by=min(by_rank),
         timeout=first.timeout,
         world_size=first.world_size,
         trigger=first.trigger,
         states=states,
+        job=chosen_key[0],
     )
     histories = {
         int(d["rank"]): tuple(CollectiveRecord.from_json(r) for r in d.get("history", []))
         for d in chosen.values()
     }
     return PostMortem(
-        directory=root, report=report, files=files, histories=histories, skipped=tuple(skipped)
+        directory=root,
+        report=report,
+        files=dict(by_rank),
+        histories=histories,
+        skipped=tuple(skipped),
+        others=others,
     )

@@ -23,12 +23,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CollectiveRecord", "Raw", "Recorder", "call_site", "group_label", "to_record"]
+__all__ = [
+    "TORCH_DIR",
+    "CollectiveRecord",
+    "Raw",
+    "Recorder",
+    "call_site",
+    "group_label",
+    "to_record",
+]
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
+#: Where torch is installed (its frames are never the user's).
+TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 #: Frames skipped when looking for the user's call: distcompat, torch, and context managers.
-_SKIP = (_PACKAGE_DIR, _TORCH_DIR, "<frozen", contextlib.__file__)
+_SKIP = (_PACKAGE_DIR, TORCH_DIR, "<frozen", contextlib.__file__)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

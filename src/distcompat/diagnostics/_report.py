@@ -25,7 +25,9 @@ class RankState:
     """One rank's account of itself at the time of a hang incident.
 
     ``started``/``completed`` count collectives per group label; ``world_group`` is the label of
-    the default group (every rank is a member); ``published`` is the wall-clock time it was made.
+    the default group (every rank is a member); ``published`` is the wall-clock time it was made;
+    ``main_frames`` are the innermost frames of the main thread that are the user's code
+    (``file:line in function``, innermost first), which say where a rank outside any collective is.
 
     Example:
         >>> s = RankState(rank=1, host="h", pid=7, reason="alarm", world_group="0",
@@ -45,11 +47,13 @@ class RankState:
     recent: tuple[CollectiveRecord, ...]
     published: float
     stacks: str | None = field(default=None, compare=False)
+    main_frames: tuple[str, ...] = ()
 
     def doing(self) -> str:
-        """Say what the rank was doing: the collective it waits in, or that it is in none."""
+        """Say what the rank was doing: the collective it waits in, or where its main thread is."""
         if not self.in_flight:
-            return "not in a distcompat collective"
+            where = f"; main thread at {' <- '.join(self.main_frames)}" if self.main_frames else ""
+            return "not in a distcompat collective" + where
         record = self.in_flight[0]
         return f"waiting in {record.describe()} for {self.published - record.started:.1f}s"
 
@@ -67,6 +71,7 @@ class RankState:
             "recent": [r.to_json() for r in self.recent],
             "published": self.published,
             "stacks": self.stacks if with_stacks else None,
+            "main_frames": list(self.main_frames),
         }
 
     @classmethod
@@ -84,6 +89,7 @@ class RankState:
             recent=tuple(CollectiveRecord.from_json(r) for r in data.get("recent", [])),
             published=float(data.get("published", 0.0)),
             stacks=data.get("stacks"),
+            main_frames=tuple(str(f) for f in data.get("main_frames", ())),
         )
 
 
@@ -180,8 +186,9 @@ class HangReport:
     """The cross-rank account of one hang incident, as one rank assembled it.
 
     ``states`` maps every rank to its :class:`RankState`, or None when it did not answer within
-    the grace period. :attr:`verdict` names who is behind, gone or diverged; :meth:`describe` is
-    the text logged and raised.
+    the grace period. ``job`` names the job (the group) that wrote it: incidents are numbered per
+    job, so ``(job, incident)`` names one incident. :attr:`verdict` names who is behind, gone or
+    diverged; :meth:`describe` is the text logged and raised.
 
     Example:
         >>> HangReport(incident=1, written_by=0, timeout=2.0, world_size=2, trigger="test",
@@ -195,6 +202,7 @@ class HangReport:
     world_size: int
     trigger: str
     states: dict[int, RankState | None]
+    job: str = ""
 
     @property
     def verdict(self) -> Verdict:
@@ -204,8 +212,9 @@ class HangReport:
     def describe(self, *, stacks: bool | tuple[int, ...] = False) -> str:
         """Readable report: findings, one line per rank, then stacks (all, or of ``stacks``)."""
         verdict = self.verdict
+        job = f"job {self.job}, " if self.job else ""
         lines = [
-            f"distcompat hang report (incident {self.incident}, written by rank "
+            f"distcompat hang report ({job}incident {self.incident}, written by rank "
             f"{self.written_by}, watchdog timeout {self.timeout:g}s)",
             f"trigger: {self.trigger}",
             "findings:",
@@ -242,6 +251,7 @@ class HangReport:
             "timeout": self.timeout,
             "world_size": self.world_size,
             "trigger": self.trigger,
+            "job": self.job,
             "states": {str(r): None if s is None else s.to_json() for r, s in self.states.items()},
         }
 
@@ -259,4 +269,5 @@ class HangReport:
             world_size=int(data["world_size"]),
             trigger=str(data.get("trigger", "")),
             states=states,
+            job=str(data.get("job", "")),
         )

@@ -12,8 +12,10 @@ the rendezvous store; a background thread on every rank polls that alarm (one st
 ``poll`` seconds, the only traffic when nothing hangs), dumps its Python stacks (faulthandler, all
 threads) and publishes its account. The ranks compare sequence numbers and name who is behind,
 who is gone (no answer within ``grace``), and who is in a different collective at the same
-number; each writes ``rank<R>.json`` under ``dump_dir`` and logs the report. The stuck rank then
-raises :class:`HangError` (``action="raise"``), or keeps waiting (``action="report"``).
+number; each writes ``<job>/incident-<N>/rank<R>.json`` under ``dump_dir`` (the job's name is
+agreed through the store at start, so jobs never share a folder) and logs the report. The stuck
+rank then raises :class:`HangError` (``action="raise"``), or keeps waiting (``action="report"``,
+what ``init_distributed`` starts by default).
 
 Limits (said plainly): a raw ``torch.distributed`` call is not recorded and cannot be
 interrupted: it blocks in C++ until the group timeout, although this rank still answers alarms
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -43,6 +46,7 @@ from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._dump import rank_state, write_dump
 from distcompat.diagnostics._errors import HangError
+from distcompat.diagnostics._exit import note_failure
 from distcompat.diagnostics._records import CollectiveRecord, Recorder, to_record
 from distcompat.diagnostics._report import HangReport, RankState
 
@@ -74,6 +78,7 @@ class Watchdog:
         self._channel: SideChannel | None = None
         self._channel_reason = ""
         self._rank, self._world = 0, 1
+        self._job = ""  # the job's name, the same on every rank: dumps go under it
         self._seen = 0  # latest incident this rank has handled
         self._handled_at = -1.0  # monotonic time it was handled
         self._poisoned = False
@@ -100,6 +105,7 @@ class Watchdog:
         if self._world < 2:
             return self
         found = side_store()
+        self._job = _job_name()
         if found is None:
             self._channel_reason = (
                 "this rank only: the group was not created by init_distributed, so its "
@@ -111,6 +117,7 @@ class Watchdog:
             self._channel_reason = "all ranks, through the rendezvous store"
             try:
                 self._seen = self._channel.current()
+                self._job = self._channel.agree("job", self._job)  # the first rank's name wins
             except ChannelError as exc:
                 self._channel, self._channel_reason = None, f"this rank only: {exc}"
         with _hooks.state.lock:
@@ -165,6 +172,7 @@ class Watchdog:
     ) -> None:
         """Pre-call: refuse to run after a declared hang, else record the call."""
         if self._poisoned and self.last_report is not None:
+            note_failure(f"{op}: HangError")
             raise self._hang_error(op, "a hang was already declared; the group cannot be trusted")
         self._recorder.begin(op, tensor, group, reduce_op, root)
 
@@ -182,11 +190,21 @@ class Watchdog:
         except RuntimeError as exc:
             if time.monotonic() - started < self.config.timeout * 0.99:
                 self._recorder.abandon(key)
+                note_failure(f"{op}: {type(exc).__name__}")
                 self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
                 raise
             self._hung(to_record(raw), started, op)  # raises HangError unless action="report"
-            work.wait()  # action="report": keep waiting, as torch would
+            self._wait_on(work, op)  # action="report": keep waiting, as torch would
         self._recorder.finished(key)
+
+    @staticmethod
+    def _wait_on(work: Any, op: str) -> None:
+        """Wait without a bound (the group timeout ends it); a failure is noted for the exit."""
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            note_failure(f"{op}: {type(exc).__name__} after a reported hang")
+            raise
 
     def track_async(self, handle: Any) -> None:
         """Follow an async collective's handle until it completes."""
@@ -205,6 +223,9 @@ class Watchdog:
             record = to_record(raw)
             self._hung(record, started, record.op)
             done.wait()
+        error = handle.exception()
+        if error is not None:
+            note_failure(f"{to_record(raw).op}: {type(error).__name__}")
 
     def _hung(self, record: CollectiveRecord, started: float, op: str) -> None:
         """Handle an op that did not finish in time: report, then raise unless only reporting."""
@@ -213,12 +234,17 @@ class Watchdog:
         )
         self._declare(reason, started)
         if self.config.action == "raise":
+            note_failure(f"{op}: HangError")
             raise self._hang_error(op, reason)
 
     def _peer_failed(self, exc: RuntimeError, op: str, group: Any) -> None:
-        """Handle a backend error in a watched wait: for a lost peer, report, then raise it."""
+        """Handle a backend error in a watched wait: for a lost peer, report, then raise it.
+
+        Only a raising watchdog reports a lost peer: the report waits ``grace`` seconds for the
+        gone rank, and the default (report-only) watchdog must not delay the error by that.
+        """
         typed = translate(exc, op, group)
-        if isinstance(typed, PeerLostError):
+        if isinstance(typed, PeerLostError) and self.config.action == "raise":
             report = self._declare(f"rank {self._rank}: {typed}", time.monotonic())
             if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
                 typed.add_note(report.describe())
@@ -290,6 +316,7 @@ class Watchdog:
         channel = self._channel
         if channel is None:
             if reason is not None:
+                self._seen += 1  # incidents of this rank alone, numbered here
                 self._finish(self._local_report(reason, self._channel_reason))
             return
         try:
@@ -316,6 +343,7 @@ class Watchdog:
             world_size=self._world,
             trigger=trigger,
             states=self._with_stacks(channel, incident, states),
+            job=self._job,
         )
         self._seen = incident
         self._finish(report)
@@ -349,13 +377,20 @@ class Watchdog:
             world_size=self._world,
             trigger=f"{reason} (other ranks not asked: {why})",
             states=states,
+            job=self._job,
         )
 
     def _finish(self, report: HangReport) -> None:
         """Write the dump, log the report, and hand it to a waiting collective."""
         path = self._write(report)
+        then = (
+            "report-only: this rank keeps waiting, and the group timeout ends the wait if the "
+            "late rank never comes"
+            if self.config.action == "report"
+            else "the waiting rank raises HangError, the others at their next collective"
+        )
         logging.getLogger(_LOG).error(
-            "[rank %d] %s\nper-rank dump: %s", self._rank, report.describe(), path
+            "[rank %d] %s\nper-rank dump: %s\n%s", self._rank, report.describe(), path, then
         )
         with self._cv:
             self.last_report = report
@@ -371,6 +406,12 @@ class Watchdog:
         )  # fmt: skip
 
 
+def _job_name() -> str:
+    """Propose a name for the job: start time (UTC), host and process id of this rank."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{stamp}-{socket.gethostname()}-{os.getpid()}"
+
+
 def watchdog(
     timeout: float,
     *,
@@ -383,8 +424,8 @@ def watchdog(
 
     Every rank must enter it (at the same point of its collective sequence). See the module
     docstring for what is covered; the report names the ranks that are behind, gone, or in a
-    different collective, and each rank writes ``rank<R>.json`` under ``dump_dir``
-    (read them with ``distcompat diagnose DIR``).
+    different collective, and each rank writes ``<job>/incident-<N>/rank<R>.json`` under
+    ``dump_dir`` (read them with ``distcompat diagnose DIR``).
 
     Example:
         >>> with watchdog(timeout=30) as w:   # doctest: +SKIP

@@ -16,30 +16,46 @@ Rules this module keeps:
   when a launcher's store outlives the group (torchrun's agent store: plain torch fails there).
 * Nothing happens at import time.
 
+* Every group made or adopted is watched: by default a report-only watchdog (one report naming
+  the late rank, the job goes on; ``DISTCOMPAT_WATCHDOG=<seconds>|off``), or a raising one with
+  ``watchdog=<seconds>``. A collective that failed (hang declared, group timeout, lost peer) ends
+  the process within seconds once its error goes unhandled (``diagnostics._exit``).
+* Rank 0 logs which group it made, once, at INFO on the ``distcompat.process_group`` logger.
+
 This is the layer that wires the others together (docs/architecture.md): it asks ``launch`` for
-the placement, publishes this rank's identity for ``collectives`` to name lost peers, logs
-launch pitfalls and starts the watchdog from ``diagnostics``. The group itself is made in
-``_create``; the rank queries read the record kept in ``distcompat._ranks``.
+the placement and the watchdog setting, publishes this rank's identity for ``collectives`` to
+name lost peers, logs launch pitfalls and starts the watchdog from ``diagnostics``. The group
+itself is made in ``_create``; the rank queries read the record kept in ``distcompat._ranks``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Literal
 
 import torch
 import torch.distributed as dist
 
 from distcompat._ranks import DistInfo, group_active, record
 from distcompat.diagnostics import Watchdog, log_launch_pitfalls
-from distcompat.diagnostics import watchdog as start_watchdog
+from distcompat.diagnostics import watchdog as make_watchdog
+from distcompat.diagnostics._exit import failure_seen, forget_failures
+from distcompat.diagnostics._exit import install as install_exit_guard
 from distcompat.launch import LaunchEnv
+from distcompat.launch._settings import WatchdogChoice, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
+from distcompat.rank_logging import get_logger
 
 __all__ = ["destroy_distributed", "distributed_session", "init_distributed"]
+
+
+WatchdogArg = float | Literal[False] | None
+_LOG = get_logger("distcompat.process_group", prefix=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +63,7 @@ class _Request:
     device: str
     backend: str | None
     timeout: timedelta | None
-    watchdog: float | None = None
+    watchdog: WatchdogArg = None
 
     def __str__(self) -> str:
         text = f"device={self.device!r}, backend={self.backend!r}, timeout={self.timeout}"
@@ -69,7 +85,7 @@ def _normalize(
     device: str | torch.device,
     backend: str | None,
     timeout: float | timedelta | None,
-    watchdog: float | None = None,
+    watchdog: WatchdogArg = None,
 ) -> _Request:
     seconds = timedelta(seconds=timeout) if isinstance(timeout, (int, float)) else timeout
     return _Request(str(device), backend, seconds, watchdog)
@@ -81,7 +97,7 @@ def init_distributed(
     timeout: float | timedelta | None = None,
     *,
     env: LaunchEnv | None = None,
-    watchdog: float | None = None,
+    watchdog: WatchdogArg = None,
 ) -> DistInfo:
     """Create (or adopt) the default process group for this launch and bind the run device.
 
@@ -92,11 +108,16 @@ def init_distributed(
             (``"cpu:gloo,cuda:nccl"``).
         timeout: seconds or a timedelta; ``None`` means 10 minutes (torch's gloo default is 30).
         env: the launcher environment; ``None`` reads it with :meth:`LaunchEnv.from_environ`.
-        watchdog: seconds; start a :func:`distcompat.watchdog` with this timeout for the life of
-            the group (a hang then raises ``HangError`` naming the late rank). ``None``: off.
+        watchdog: ``None`` (the default): a report-only watchdog for the life of the group,
+            after ``DISTCOMPAT_WATCHDOG`` seconds if set (``off`` for none), else 120 s (half
+            the group timeout if that is shorter): a collective waiting longer is reported,
+            naming the late rank, and the job goes on. Seconds: a :func:`distcompat.watchdog`
+            that raises ``HangError`` after that long. ``False``: no watchdog.
 
     Launch pitfalls (a script option torchrun takes as its own, multi-node gloo without
-    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0.
+    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0. Rank 0 logs the group
+    it made at INFO (``distcompat.process_group``). ``info.reason`` says what was chosen and why,
+    the watchdog included.
 
     Example:
         >>> info = init_distributed(device="cpu")
@@ -122,6 +143,9 @@ def init_distributed(
                 )
             return _current.info
     launch = env if env is not None else LaunchEnv.from_environ()
+    choose_watchdog(watchdog, group_timeout=None)  # a bad DISTCOMPAT_WATCHDOG fails before init
+    if not group_active():
+        forget_failures()  # the group that held a failed op is gone
     if group_active():
         info = adopt_group(device, timeout, launch)
     elif not launch.is_distributed:
@@ -130,16 +154,34 @@ def init_distributed(
         log_launch_pitfalls(launch, backend=backend)
         info = create_group(device, backend, timeout, launch)
     record(info)
-    started = None if watchdog is None else start_watchdog(watchdog).start()
+    started, info = _watch(info, choose_watchdog(watchdog, group_timeout=info.timeout))
+    record(info)
+    if info.has_group:
+        install_exit_guard()
     _current = _Lifecycle(info=info, request=request, watchdog=started)
+    _LOG.info("distcompat: %s; watchdog %s", info.summary, info.watchdog_reason.split(":")[0])
     return info
+
+
+def _watch(info: DistInfo, choice: WatchdogChoice) -> tuple[Watchdog | None, DistInfo]:
+    """Start the chosen watchdog over the group; return it and ``info`` with the reason."""
+    if not info.has_group:
+        return None, replace(info, watchdog_reason="none: one process, no collective to watch")
+    if choice.seconds is None:
+        return None, replace(info, watchdog_reason=choice.reason)
+    started = make_watchdog(choice.seconds, action=choice.action).start()
+    covers = started.why()
+    return started, replace(info, watchdog_reason=f"{choice.reason}; covers {covers}")
 
 
 def destroy_distributed() -> None:
     """Destroy the group :func:`init_distributed` created; safe to call twice or before init.
 
     An adopted group belongs to whoever made it (Ray Train, user code) and is left running;
-    only distcompat's record of it is dropped.
+    only distcompat's record of it is dropped. After a collective failed (a declared hang, a
+    group timeout, a lost peer; also while such an error propagates, as in a ``finally:``), the
+    group still holds the failed op and destroying it would wait for that op until the group
+    timeout: the group is then left to the process exit, which distcompat ends within seconds.
 
     Example:
         >>> destroy_distributed()   # nothing to do: a no-op
@@ -150,6 +192,15 @@ def destroy_distributed() -> None:
     if state is not None and state.watchdog is not None:
         state.watchdog.stop()
     if state is None or state.info.adopted or not state.info.has_group:
+        return
+    failed = failure_seen()
+    if failed is not None:
+        logging.getLogger("distcompat.process_group").warning(
+            "distcompat: not destroying the process group: a collective failed (%s) and its op "
+            "is still pending in the backend, so destroying would wait for it; the process "
+            "exit ends it",
+            failed,
+        )
         return
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,0 +1,134 @@
+"""distcompat's own switches in the environment (``DISTCOMPAT_*``), read here and nowhere else.
+
+The launcher's variables are read by ``_env``; this module reads the ones a user sets to change
+distcompat itself without editing code, and decides from them with a reason, as ``_placement``
+does for the device and the timeout::
+
+    choice = choose_watchdog(None, group_timeout=timedelta(minutes=10))
+    print(choice.reason)   # "report-only after 120s: distcompat's default ..."
+
+* ``DISTCOMPAT_WATCHDOG``: ``<seconds>`` or ``off``. Sets the watchdog ``init_distributed`` starts
+  when its ``watchdog=`` argument is left out; the watchdog then only reports (it never raises).
+
+Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
+job, but a report that fires during legitimate work teaches users to ignore it. Measured here
+(docs/hangs.md has the figures): the longest wait of a distcompat collective in a healthy
+``distcompat demo`` run is the start-up skew and the rank-0 checkpoint save, a few seconds on this
+2-core VM; on real jobs a rank-0-only evaluation, a checkpoint of a large model or the first
+``torch.compile`` keep peers waiting for tens of seconds, up to a minute or two. 120 s stays
+above those and still reports 8 minutes before the 10-minute group timeout ends the job. With a
+shorter group timeout the default is half of it, so the report always comes first.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+from distcompat.launch._rules import LaunchEnvError
+
+__all__ = ["DEFAULT_WATCHDOG_S", "WATCHDOG_VARIABLE", "WatchdogChoice", "choose_watchdog"]
+
+#: Seconds a collective may wait before the default (report-only) watchdog reports it.
+DEFAULT_WATCHDOG_S = 120.0
+#: The variable that sets the default watchdog without code changes.
+WATCHDOG_VARIABLE = "DISTCOMPAT_WATCHDOG"
+_OFF = ("off", "0", "false", "no", "none")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchdogChoice:
+    """The watchdog init starts (``seconds`` None: none) and why.
+
+    ``action`` is ``"raise"`` for an explicit ``watchdog=`` (a hang raises ``HangError``) and
+    ``"report"`` for the default (it logs one report and the job goes on).
+
+    Example:
+        >>> choose_watchdog(30, group_timeout=None, environ={}).action
+        'raise'
+    """
+
+    seconds: float | None
+    action: Literal["raise", "report"]
+    reason: str
+
+    @property
+    def headline(self) -> str:
+        """The reason without its why: ``"off"``, ``"report-only after 120s"``, ..."""
+        return self.reason.split(":", 1)[0]
+
+
+def _parse(text: str) -> float | None:
+    """``DISTCOMPAT_WATCHDOG``'s value as seconds, or None for ``off``."""
+    if text.strip().lower() in _OFF:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise LaunchEnvError(
+            f"{WATCHDOG_VARIABLE}={text!r} is neither a positive number of seconds nor 'off'",
+            variable=WATCHDOG_VARIABLE,
+        )
+    return seconds
+
+
+def choose_watchdog(
+    requested: float | Literal[False] | None,
+    *,
+    group_timeout: timedelta | None,
+    environ: Mapping[str, str] | None = None,
+) -> WatchdogChoice:
+    """Decide which watchdog ``init_distributed`` starts, from its argument and the environment.
+
+    ``requested`` is the ``watchdog=`` argument: seconds (a raising watchdog, as asked),
+    ``False`` (none), or ``None`` (the default: ``DISTCOMPAT_WATCHDOG`` if set, else report-only
+    after :data:`DEFAULT_WATCHDOG_S`, or half of ``group_timeout`` when that is shorter).
+    ``environ`` defaults to ``os.environ``. A malformed variable raises :class:`LaunchEnvError`.
+
+    Example:
+        >>> choose_watchdog(None, group_timeout=timedelta(minutes=10), environ={}).seconds
+        120.0
+        >>> choose_watchdog(None, group_timeout=None, environ={"DISTCOMPAT_WATCHDOG": "off"}).reason
+        'off: DISTCOMPAT_WATCHDOG=off'
+    """
+    if requested is True or (requested is not None and requested is not False and requested <= 0):
+        raise ValueError(f"watchdog={requested!r} must be a positive number of seconds or False")
+    if requested is False:
+        return WatchdogChoice(seconds=None, action="report", reason="off: watchdog=False")
+    if requested is not None:
+        return WatchdogChoice(
+            seconds=float(requested),
+            action="raise",
+            reason=f"raises HangError after {requested:g}s: watchdog={requested!r} requested",
+        )
+    env = os.environ if environ is None else environ
+    text = env.get(WATCHDOG_VARIABLE)
+    if text is not None:
+        seconds = _parse(text)
+        if seconds is None:
+            return WatchdogChoice(
+                seconds=None, action="report", reason=f"off: {WATCHDOG_VARIABLE}={text}"
+            )
+        return WatchdogChoice(
+            seconds=seconds,
+            action="report",
+            reason=f"report-only after {seconds:g}s: {WATCHDOG_VARIABLE}={text}",
+        )
+    seconds, why = DEFAULT_WATCHDOG_S, "distcompat's default"
+    if group_timeout is not None and group_timeout.total_seconds() / 2 < seconds:
+        seconds = group_timeout.total_seconds() / 2
+        why = f"half the {group_timeout} group timeout, so the report comes before it"
+    return WatchdogChoice(
+        seconds=seconds,
+        action="report",
+        reason=(
+            f"report-only after {seconds:g}s: {why} (a stuck collective is reported and the job "
+            f"goes on; {WATCHDOG_VARIABLE}=<seconds>|off or watchdog=<seconds> to raise)"
+        ),
+    )
