@@ -96,7 +96,9 @@ def _run(kind: str, tmp_path: Path) -> dict[int, dict[str, Any]]:
 
 
 def _dump_report(tmp_path: Path, rank: int) -> HangReport:
-    data = json.loads((tmp_path / "dumps" / f"rank{rank}.json").read_text())
+    # dumps are kept per job and incident: dumps/<job>/incident-<N>/rank<R>.json (one job here)
+    (path,) = (tmp_path / "dumps").glob(f"*/incident-*/rank{rank}.json")
+    data = json.loads(path.read_text())
     return HangReport.from_json(data["report"])
 
 
@@ -171,7 +173,11 @@ def test_diagnose_prints_both_sides_and_stacks(
 def _healthy_loop() -> list[float]:
     import threading
 
+    def watchdog_threads() -> list[threading.Thread]:
+        return [th for th in threading.enumerate() if th.name == "distcompat-watchdog"]
+
     t = torch.ones(8)
+    before = watchdog_threads()  # init's default (report-only) watchdog, paused while nested
     with watchdog(timeout=10) as w:
         assert w.why() == "all ranks, through the rendezvous store"
         for _ in range(5):
@@ -179,8 +185,8 @@ def _healthy_loop() -> list[float]:
         work = all_reduce(t, async_op=True)
         work.wait()
         barrier()
-    alive = [th.name for th in threading.enumerate() if th.name == "distcompat-watchdog"]
-    assert not alive, alive
+    alive = watchdog_threads()
+    assert len(alive) == len(before), alive  # the block's own thread is gone
     return t.tolist()
 
 

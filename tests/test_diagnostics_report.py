@@ -80,7 +80,8 @@ def test_report_json_round_trip(raw: list[tuple[int, str | None] | None]) -> Non
 def _dump(directory: Path, rank: int, report: HangReport) -> None:
     own = report.states[rank]
     data = {
-        "format": "distcompat-hang/1", "rank": rank, "world_size": report.world_size,
+        "format": "distcompat-hang/2", "job": report.job, "incident": report.incident,
+        "rank": rank, "world_size": report.world_size,
         "written": 0.0, "history": [r.to_json() for r in own.recent] if own else [],
         "report": report.to_json(), "text": report.describe(),
     }  # fmt: skip

@@ -39,8 +39,9 @@ class PostMortem:
     """The merged view of one incident's dumps (one job's, never a mix of jobs).
 
     ``report`` merges every rank's account (its own file first); ``histories`` maps each rank
-    with a file to its recorded collectives; ``skipped`` names files left out, with the reason;
-    ``others`` lists the other incidents found (each ``job <J> incident <N>: ...``).
+    with a file to its recorded collectives; ``skipped`` names what was left out, with the
+    reason: unreadable files, and each other incident found (one line each); ``others`` holds
+    those incidents as ``(job, incident)``, newest last.
 
     Example:
         >>> read_dumps("/nonexistent")  # doctest: +SKIP
@@ -51,7 +52,7 @@ class PostMortem:
     files: dict[int, Path]
     histories: dict[int, tuple[CollectiveRecord, ...]]
     skipped: tuple[str, ...]
-    others: tuple[str, ...] = ()
+    others: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         """Return the verdict, the calls side by side, then each rank's stacks, labelled."""
@@ -62,11 +63,10 @@ class PostMortem:
             *(f"skipped {why}" for why in self.skipped),
         ]
         if self.others:
-            lines += [
-                f"{len(self.others)} other incident(s) here, not merged (read one with "
-                "`distcompat diagnose DIR --job JOB --incident N`):",
-                *(f"  {other}" for other in self.others),
-            ]
+            lines.append(
+                "(dumps of different incidents are never merged; read another one with "
+                "`distcompat diagnose DIR --job JOB --incident N`)"
+            )
         lines += [
             self.report.describe(),
             *self._side_by_side(),
@@ -141,14 +141,25 @@ def _choose(
     jobs = {key[0] for key in wanted}
     if job is not None and len(jobs) > 1:
         raise DumpReadError(f"job={job!r} matches several jobs: {', '.join(sorted(jobs))}")
-    return max(wanted, key=lambda k: (max(float(loaded[p]["written"]) for p in keys[k]), k[1]))
+    return max(wanted, key=lambda k: (_written(keys[k], loaded), k[1]))
 
 
-def _summary(key: _Key, paths: list[Path], loaded: dict[Path, dict[str, Any]]) -> str:
+def _written(paths: list[Path], loaded: dict[Path, dict[str, Any]]) -> float:
+    """When the newest of ``paths`` was written (wall clock)."""
+    return max(float(loaded[p]["written"]) for p in paths)
+
+
+def _other(key: _Key, chosen: _Key, paths: list[Path], loaded: dict[Path, dict[str, Any]]) -> str:
     ranks = sorted({int(loaded[p]["rank"]) for p in paths})
     when = max(float(loaded[p]["written"]) for p in paths)
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(when))
-    return f"job {key[0]} incident {key[1]}: ranks {', '.join(map(str, ranks))}, written {stamp}"
+    what = "an older incident of this job" if key[0] == chosen[0] else "another job"
+    if key[0] == chosen[0] and key[1] > chosen[1]:
+        what = "a later incident of this job"
+    return (
+        f"job {key[0]} incident {key[1]} (ranks {', '.join(map(str, ranks))}, written {stamp}): "
+        f"{what}, not merged"
+    )
 
 
 def read_dumps(
@@ -190,7 +201,8 @@ def read_dumps(
     for path, data in loaded.items():
         keys.setdefault((str(data["job"]), int(data["incident"])), []).append(path)
     chosen_key = _choose(keys, loaded, job, incident, root)
-    others = tuple(_summary(k, p, loaded) for k, p in sorted(keys.items()) if k != chosen_key)
+    rest = sorted((k for k in keys if k != chosen_key), key=lambda k: _written(keys[k], loaded))
+    skipped += [_other(k, chosen_key, keys[k], loaded) for k in rest]
     by_rank: dict[int, Path] = {}
     for path in sorted(keys[chosen_key], key=lambda p: float(loaded[p]["written"])):
         rank = int(loaded[path]["rank"])
@@ -234,5 +246,5 @@ def read_dumps(
         files=dict(by_rank),
         histories=histories,
         skipped=tuple(skipped),
-        others=others,
+        others=tuple(rest),
     )

@@ -1,0 +1,88 @@
+"""Start a script as N real rank processes (torchrun's worker contract), for process-exit tests.
+
+``run_on_ranks`` keeps its ranks alive and catches every error, so how a process *ends* (exit
+code, how long teardown takes, what it printed) needs ranks started like a launcher does: one
+process per rank joining a gloo group through this process's ``TCPStore``::
+
+    ranks = run_ranks(script, 2, env={"DISTCOMPAT_WATCHDOG": "3"}, timeout=60)
+    assert [r.returncode for r in ranks] == [0, 0]
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """How one rank process ended: exit code (None: killed by us), output, when (time.time())."""
+
+    rank: int
+    returncode: int | None
+    stdout: str
+    stderr: str
+    ended: float
+
+
+def run_ranks(
+    script: Path,
+    world_size: int,
+    *,
+    env: Mapping[str, str] | None = None,
+    args: Sequence[str] = (),
+    timeout: float = 60.0,
+    stop_after: int | None = None,
+) -> list[Ended]:
+    """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
+
+    ``stop_after``: once that rank has exited, give the others 0.5 s, then kill them (a peer left
+    stuck on purpose). A rank killed by us has ``returncode`` None.
+    """
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    base = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
+    base.update(env or {})
+    procs = []
+    for rank in range(world_size):
+        environ = dict(base)
+        environ.update(local_rank_environ(rank, world_size, store.port))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, str(script), *args],
+                env=environ,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    ended: dict[int, float] = {}
+    deadline = time.monotonic() + timeout
+    stop_at: float | None = None
+    while len(ended) < world_size and time.monotonic() < deadline:
+        for rank, proc in enumerate(procs):
+            if rank not in ended and proc.poll() is not None:
+                ended[rank] = time.time()
+                if rank == stop_after:
+                    stop_at = time.monotonic() + 0.5
+        if stop_at is not None and time.monotonic() > stop_at:
+            break
+        time.sleep(0.05)
+    results = []
+    for rank, proc in enumerate(procs):
+        killed = rank not in ended
+        if killed:
+            proc.kill()
+        out, err = proc.communicate(timeout=30)
+        results.append(
+            Ended(rank, None if killed else proc.returncode, out, err, ended.get(rank, time.time()))
+        )
+    return results
