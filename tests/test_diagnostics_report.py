@@ -114,3 +114,30 @@ def test_postmortem_merges_newest_incident_and_skips_junk(tmp_path: Path) -> Non
 def test_postmortem_refuses_an_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(DumpReadError, match="no hang dump"):
         read_dumps(tmp_path)
+
+
+def test_postmortem_never_merges_two_jobs(tmp_path: Path) -> None:
+    """Hand-made dumps: rank 0 of job "a", rank 1 of job "b", same incident number."""
+    states = {0: _state(0, 3, "all_reduce"), 1: _state(1, 3, "broadcast")}
+    for job, rank in (("a-job", 0), ("b-job", 1)):
+        report = HangReport(incident=1, written_by=rank, timeout=1.0, world_size=2, trigger="t",
+                            states=states, job=job)  # fmt: skip
+        folder = tmp_path / job / "incident-1"
+        folder.mkdir(parents=True)
+        _dump(folder, rank, report)
+    post = read_dumps(tmp_path)
+    assert len(post.files) == 1  # one job's dump, never rank 0 of one job beside rank 1 of another
+    other = "a-job" if post.report.job == "b-job" else "b-job"
+    assert post.others == ((other, 1),)
+    assert any(f"job {other} incident 1" in s and "another job" in s for s in post.skipped)
+    assert read_dumps(tmp_path, job="a").report.job == "a-job"  # a unique prefix picks it
+    with pytest.raises(DumpReadError, match="matches several jobs"):
+        read_dumps(tmp_path, job="")
+    with pytest.raises(DumpReadError, match="no dump of job='c'"):
+        read_dumps(tmp_path, job="c")
+
+
+def test_postmortem_refuses_dumps_that_name_no_job(tmp_path: Path) -> None:
+    (tmp_path / "rank0.json").write_text(json.dumps({"format": "distcompat-hang/1", "rank": 0}))
+    with pytest.raises(DumpReadError, match="older dumps name no job"):
+        read_dumps(tmp_path)

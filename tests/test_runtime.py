@@ -152,3 +152,59 @@ def test_autodetect_device_type_order(cuda: bool, mps: bool, expected: str) -> N
         mock.patch("torch.backends.mps.is_available", return_value=mps),
     ):
         assert autodetect_device_type() == expected
+
+
+def _init_says_what_it_made() -> dict[str, Any]:
+    import logging
+
+    from distcompat.collectives import _checked
+
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logger = logging.getLogger("distcompat.process_group")
+    handler, level = Keep(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        distcompat.destroy_distributed()  # drop the harness's group: compute_init makes its own
+        compute_init("cpu", seed=None)
+        compute_init("cpu", seed=None)  # idempotent: says nothing the second time
+        info = distcompat.init_distributed(device="cpu")
+        watch = _checked.watch
+        result = {
+            "records": records,
+            "summary": info.summary,
+            "watchdog_reason": info.watchdog_reason,
+            "action": None if watch is None else watch.config.action,
+        }
+        compute_cleanup()
+        return result
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_compute_init_says_once_on_rank_zero_which_group_it_made() -> None:
+    for rank, got in enumerate(run_on_ranks(_init_says_what_it_made, 2)):
+        assert got["summary"] == "gloo group of 2 ranks on cpu (launcher env)"
+        expected = ["distcompat: gloo group of 2 ranks on cpu (launcher env); watchdog "
+                    "report-only after 120s"]  # fmt: skip
+        assert got["records"] == (expected if rank == 0 else [])
+        # the default watchdog watches the group, report-only, and the reason says so
+        assert got["action"] == "report"
+        assert got["watchdog_reason"].startswith("report-only after 120s: distcompat's default")
+        assert got["watchdog_reason"].endswith("covers all ranks, through the rendezvous store")
+
+
+def test_a_single_process_reads_well() -> None:
+    distcompat.destroy_distributed()
+    info = distcompat.init_distributed(device="cpu")
+    try:
+        assert info.summary == "one process on cpu, no process group (no launcher)"
+        assert info.reason.splitlines()[-1] == "watchdog: none: one process, no collective to watch"
+    finally:
+        distcompat.destroy_distributed()

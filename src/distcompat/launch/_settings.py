@@ -11,13 +11,13 @@ does for the device and the timeout::
   when its ``watchdog=`` argument is left out; the watchdog then only reports (it never raises).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
-job, but a report that fires during legitimate work teaches users to ignore it. Measured here
-(docs/hangs.md has the figures): the longest wait of a distcompat collective in a healthy
-``distcompat demo`` run is the start-up skew and the rank-0 checkpoint save, a few seconds on this
-2-core VM; on real jobs a rank-0-only evaluation, a checkpoint of a large model or the first
-``torch.compile`` keep peers waiting for tens of seconds, up to a minute or two. 120 s stays
-above those and still reports 8 minutes before the 10-minute group timeout ends the job. With a
-shorter group timeout the default is half of it, so the report always comes first.
+job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
+2-core VM (docs/hangs.md): no collective of a healthy ``distcompat demo`` run waited 0.5 s, but
+the first ``torch.compile`` step of the demo's small GPT took 28 s (3 s eager), so a rank that
+recompiles alone keeps its peers waiting that long; a rank-0 evaluation or a large checkpoint
+takes tens of seconds to minutes on real jobs. 120 s stays above those and still reports 8
+minutes before the 10-minute group timeout ends the job. With a shorter group timeout the
+default is half of it, so the report always comes first.
 """
 
 from __future__ import annotations
