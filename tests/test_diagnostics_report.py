@@ -118,7 +118,10 @@ def test_postmortem_refuses_an_empty_directory(tmp_path: Path) -> None:
 
 def test_postmortem_never_merges_two_jobs(tmp_path: Path) -> None:
     """Hand-made dumps: rank 0 of job "a", rank 1 of job "b", same incident number."""
-    states = {0: _state(0, 3, "all_reduce"), 1: _state(1, 3, "broadcast")}
+    states: dict[int, RankState | None] = {
+        0: _state(0, 3, "all_reduce"),
+        1: _state(1, 3, "broadcast"),
+    }
     for job, rank in (("a-job", 0), ("b-job", 1)):
         report = HangReport(incident=1, written_by=rank, timeout=1.0, world_size=2, trigger="t",
                             states=states, job=job)  # fmt: skip
