@@ -105,6 +105,7 @@ def failure_seen() -> str | None:
     """Say what failed, if a collective failed here or the exception being handled is one.
 
     Example:
+        >>> forget_failures()
         >>> failure_seen() is None
         True
     """

@@ -46,7 +46,7 @@ from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._dump import rank_state, write_dump
 from distcompat.diagnostics._errors import HangError
-from distcompat.diagnostics._exit import note_failure
+from distcompat.diagnostics._exit import declared_failure, note_failure
 from distcompat.diagnostics._records import CollectiveRecord, Recorder, to_record
 from distcompat.diagnostics._report import HangReport, RankState
 
@@ -190,7 +190,6 @@ class Watchdog:
         except RuntimeError as exc:
             if time.monotonic() - started < self.config.timeout * 0.99:
                 self._recorder.abandon(key)
-                note_failure(f"{op}: {type(exc).__name__}")
                 self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
                 raise
             self._hung(to_record(raw), started, op)  # raises HangError unless action="report"
@@ -202,8 +201,8 @@ class Watchdog:
         """Wait without a bound (the group timeout ends it); a failure is noted for the exit."""
         try:
             work.wait()
-        except RuntimeError as exc:
-            note_failure(f"{op}: {type(exc).__name__} after a reported hang")
+        except RuntimeError:
+            note_failure(f"{op}: the group timeout, after a reported hang")
             raise
 
     def track_async(self, handle: Any) -> None:
@@ -223,7 +222,7 @@ class Watchdog:
             record = to_record(raw)
             self._hung(record, started, record.op)
             done.wait()
-        error = handle.exception()
+        error = declared_failure(handle.exception())
         if error is not None:
             note_failure(f"{to_record(raw).op}: {type(error).__name__}")
 
@@ -244,6 +243,8 @@ class Watchdog:
         gone rank, and the default (report-only) watchdog must not delay the error by that.
         """
         typed = translate(exc, op, group)
+        if declared_failure(typed) is not None:
+            note_failure(f"{op}: {type(typed).__name__}")
         if isinstance(typed, PeerLostError) and self.config.action == "raise":
             report = self._declare(f"rank {self._rank}: {typed}", time.monotonic())
             if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
