@@ -188,8 +188,8 @@ def _select(only: Sequence[str]) -> list[Item]:
 
     chosen = [i for i in ITEMS if wanted(i.name)]
     if not chosen:
-        names = ", ".join(i.name for i in ITEMS)
-        raise SystemExit(f"--only {' '.join(only)} matches nothing; the names are: {names}")
+        known = ", ".join(i.name for i in ITEMS)
+        raise SystemExit(f"--only {' '.join(only)} matches nothing; the names are: {known}")
     return chosen
 
 
