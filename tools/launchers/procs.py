@@ -105,7 +105,8 @@ def _finish(job: Job, deadline: float) -> Finished:
         code: int | None = job.process.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         code = None
-    stop(job)  # also ends children that outlived the leader (torchrun agents, MPI proxies)
+    finally:  # also on SystemExit from a signal: ends children that outlived the leader, too
+        stop(job)
     return Finished(returncode=code, log=job.log, seconds=time.monotonic() - job.started)
 
 
@@ -129,6 +130,11 @@ def run(
 def wait_all(jobs: Sequence[Job], timeout: float) -> list[Finished]:
     """Wait for several children under one deadline (``timeout`` s from now); stop the late ones."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(j.process.poll() is None for j in jobs):
-        time.sleep(0.1)
+    try:
+        while time.monotonic() < deadline and any(j.process.poll() is None for j in jobs):
+            time.sleep(0.1)
+    except BaseException:  # interrupted (a signal): leave nothing running behind
+        for job in jobs:
+            stop(job)
+        raise
     return [_finish(j, deadline) for j in jobs]

@@ -207,7 +207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(f"{i.kind} {i.name}" for i in ITEMS))
         return 0
     items = _select(args.only)
-    signal.signal(signal.SIGTERM, _terminate)
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
     work = Path(tempfile.mkdtemp(prefix="dc-launchers-"))
     base = Context(work=work, env=clean_env(), python=sys.executable, timeout=120.0)
     started = time.monotonic()
