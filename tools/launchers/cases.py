@@ -56,7 +56,8 @@ class Case:
     needs: Need
     timeout: float
     launch: Callable[[Context], list[procs.Finished]]
-    binaries: tuple[str, ...] = ()
+    binaries: tuple[str, ...] = ()  # beyond those of ``needs`` (run.py checks them first)
+    module: str = ""  # a Python module the session's venv must have
 
 
 def probe_argv(ctx: Context, *, truth: str, expect: str, world: int, reason: str = "") -> list[str]:
@@ -220,5 +221,5 @@ CASES = (
     Case(name="slurm-sbatch", ranks=3, needs="slurm", timeout=120, launch=slurm_sbatch),
     Case(name="slurm-torchrun", ranks=3, needs="slurm", timeout=120, launch=slurm_torchrun),
     Case(name="torchrun-2node", ranks=4, needs="netns", timeout=150, launch=torchrun_two_nodes),
-    Case(name="ray", ranks=2, needs="host", timeout=300, launch=ray_train),
+    Case(name="ray", ranks=2, needs="host", timeout=300, launch=ray_train, module="ray"),
 )

@@ -50,7 +50,6 @@ _NEED_BINARIES: dict[Need, tuple[str, ...]] = {
     "slurm": ("munged", "slurmctld", "slurmd", "srun", "sbatch", "squeue", "scontrol", "sinfo"),
     "netns": ("ip", "nft"),
 }
-_CASE_BINARIES = {"openmpi": ("mpirun.openmpi",), "mpich": ("mpiexec.mpich",)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,8 +82,8 @@ def _launch_item(case: Case) -> Item:
         needs=case.needs,
         timeout=case.timeout,
         run=run,
-        binaries=_NEED_BINARIES[case.needs] + _CASE_BINARIES.get(case.name, ()),
-        module="ray" if case.name == "ray" else "",
+        binaries=_NEED_BINARIES[case.needs] + case.binaries,
+        module=case.module,
     )
 
 
@@ -143,7 +142,7 @@ def _run_group(need: Need, items: list[Item], base: Context, work: Path) -> list
     for item in items:
         missing = _missing(item)
         if missing:
-            line = f"FAIL needs {', '.join(missing)} (tools/launchers/install.py installs them)"
+            line = f"FAIL needs {', '.join(missing)} (`nox -s launchers` installs them)"
             results.append(_say(item, Verdict(ok=False, line=line)))
         else:
             pending.append(item)
