@@ -18,13 +18,20 @@ any answer without touching the host. This module decides; it never writes ``os.
 
 from __future__ import annotations
 
-import fcntl
 import ipaddress
 import socket
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+try:  # POSIX only; elsewhere no IPv4 address is matched to an interface (nothing is picked)
+    import fcntl as _fcntl
+except ImportError:  # pragma: no cover - Windows
+    _fcntl_module: ModuleType | None = None
+else:
+    _fcntl_module = _fcntl
 
 from distcompat.launch._env import LaunchEnv
 
@@ -86,10 +93,12 @@ def route_source_address(host: str) -> str | None:
 
 
 def _ipv4_of(name: str) -> str | None:
+    if _fcntl_module is None:
+        return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         request = struct.pack(f"{_IFREQ_SIZE}s", name.encode()[:15])
         try:
-            answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            answer = _fcntl_module.ioctl(sock.fileno(), _SIOCGIFADDR, request)
         except OSError:  # EADDRNOTAVAIL: the interface has no IPv4 address
             return None
     return socket.inet_ntoa(answer[20:24])  # ifr_addr.sin_addr, after name (16) + family/port (4)
