@@ -38,6 +38,11 @@ from distcompat.diagnostics import Watchdog, log_launch_pitfalls
 from distcompat.diagnostics import watchdog as start_watchdog
 from distcompat.launch import LaunchEnv
 from distcompat.process_group._create import adopt_group, create_group, single_process
+from distcompat.process_group._environ import (
+    EnvironWrites,
+    bind_gloo_interface,
+    export_torchrun_contract,
+)
 
 __all__ = ["destroy_distributed", "distributed_session", "init_distributed"]
 
@@ -59,6 +64,7 @@ class _Lifecycle:
     info: DistInfo
     request: _Request
     watchdog: Watchdog | None = None  # the watchdog init started, if any
+    environ: EnvironWrites | None = None  # the variables init set, withdrawn at destroy
 
 
 # What init_distributed set up, with the arguments it was called with (for idempotence).
@@ -96,7 +102,10 @@ def init_distributed(
             the group (a hang then raises ``HangError`` naming the late rank). ``None``: off.
 
     Launch pitfalls (a script option torchrun takes as its own, multi-node gloo without
-    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0.
+    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0. With a group, the
+    torchrun variables the launcher left unset (``RANK``, ``WORLD_SIZE``, ...) are set from what
+    init resolved, and a multi-node gloo launch without ``GLOO_SOCKET_IFNAME`` gets the interface
+    that reaches the master; ``DistInfo.environ_reason`` lists both, and destroy unsets them.
 
     Example:
         >>> info = init_distributed(device="cpu")
@@ -122,16 +131,24 @@ def init_distributed(
                 )
             return _current.info
     launch = env if env is not None else LaunchEnv.from_environ()
+    writes = EnvironWrites()
     if group_active():
         info = adopt_group(device, timeout, launch)
     elif not launch.is_distributed:
         info = single_process(device, timeout, launch)
     else:
         log_launch_pitfalls(launch, backend=backend)
-        info = create_group(device, backend, timeout, launch)
+        writes = bind_gloo_interface(launch, backend)  # GLOO_SOCKET_IFNAME, before the group
+        try:
+            info = create_group(device, backend, timeout, launch)
+        except BaseException:
+            writes.withdraw()
+            raise
+    # torchrun's RANK, WORLD_SIZE, ... where the launcher left them unset (none without a group)
+    info = export_torchrun_contract(info, launch, writes)
     record(info)
     started = None if watchdog is None else start_watchdog(watchdog).start()
-    _current = _Lifecycle(info=info, request=request, watchdog=started)
+    _current = _Lifecycle(info=info, request=request, watchdog=started, environ=writes)
     return info
 
 
@@ -149,6 +166,8 @@ def destroy_distributed() -> None:
     record(None)
     if state is not None and state.watchdog is not None:
         state.watchdog.stop()
+    if state is not None and state.environ is not None:
+        state.environ.withdraw()  # the variables init set, where they still hold its values
     if state is None or state.info.adopted or not state.info.has_group:
         return
     if dist.is_initialized():
