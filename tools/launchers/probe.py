@@ -8,13 +8,17 @@ in order: ``doctor`` (``distcompat doctor`` as a subprocess in this launch envir
 init, on each node's local rank 0), ``init``, ``torchrun-env-after-init`` (a *contract* check:
 the torchrun variables hold the resolved values after init; expected to fail until the library
 exports them), ``launcher``, ``layout``, ``all_reduce``, ``broadcast``, ``reduce_scatter_future``,
-``checkpoint``, ``teardown``. Ray Train calls :func:`run_probe` from its worker function.
+``checkpoint``, ``teardown``, then ``bench``: ``distcompat bench --quick`` run in this launch after
+teardown, so the command makes (or adopts) its own group: init -> destroy -> init under every
+launcher. Ray Train calls :func:`run_probe` from its worker function.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -30,6 +34,8 @@ from truth import KINDS, Truth, launcher_truth
 
 import distcompat
 from distcompat import DistInfo, LaunchEnv
+from distcompat.bench import OPS
+from distcompat.cli import main as distcompat_main
 
 #: The torchrun variables every launch should show after init (issue 16, item 6).
 TORCHRUN_VARIABLES = (
@@ -206,6 +212,22 @@ def teardown_check(expect: Expectation) -> str:
     return "adopted group left to its owner" if expect.adopted else "group destroyed"
 
 
+def bench_check(rank: int) -> str:
+    """``distcompat bench --quick`` in this launch's environment: exit 0, a row per op on rank 0."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = distcompat_main(["bench", "--quick", "--device", "cpu"])
+    _expect_equal("distcompat bench --quick exit code", code, 0)
+    if rank != 0:
+        return "ran (rank 0 prints the table)"
+    lines = printed.getvalue().splitlines()
+    missing = [op for op in OPS if not any(line.startswith(op + " ") for line in lines)]
+    if missing:
+        raise ProbeFailure(f"bench table lacks rows for {missing}: {lines[-8:]}")
+    rows = sum(1 for line in lines if line.split(" ", 1)[0] in OPS)
+    return f"{rows} rows for {len(OPS)} ops"
+
+
 def run_probe(expect: Expectation, truth: Truth, out: Path) -> RankReport:
     """Run every check on this rank, write its report into ``out``, and return it."""
     started = time.monotonic()
@@ -233,6 +255,7 @@ def run_probe(expect: Expectation, truth: Truth, out: Path) -> RankReport:
     checks.append(_guard("reduce_scatter_future", lambda: reduce_scatter_check(rank, world)))
     checks.append(_guard("checkpoint", lambda: checkpoint_check(rank, world, out / "checkpoint")))
     checks.append(_guard("teardown", lambda: teardown_check(expect)))
+    checks.append(_guard("bench", lambda: bench_check(rank)))
     return _finish(out, truth, info.launcher, checks, started)
 
 
