@@ -21,6 +21,7 @@ from typing import Literal
 import procs
 from netns import ADDRESSES, TwoNodes
 from slurm_cluster import SlurmCluster
+from truth import EXPECT_IFNAME_VAR
 
 HERE = Path(__file__).resolve().parent
 PROBE = HERE / "probe.py"
@@ -171,11 +172,17 @@ def two_node_argv(
 
 
 def node_env(ctx: Context, node: int, *, ifname: bool = True) -> dict[str, str]:
-    """The environment on node ``node``, with ``GLOO_SOCKET_IFNAME`` its veth unless told not."""
+    """The environment on node ``node``, with ``GLOO_SOCKET_IFNAME`` its veth unless told not.
+
+    Without it, ``EXPECT_IFNAME_VAR`` tells the probe which interface init should pick itself.
+    """
     assert ctx.nodes is not None
     env = dict(ctx.env)
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ctx.nodes.interfaces[node]
+    else:
+        env.pop("GLOO_SOCKET_IFNAME", None)
+        env[EXPECT_IFNAME_VAR] = ctx.nodes.interfaces[node]
     return env
 
 
@@ -200,6 +207,13 @@ def torchrun_two_nodes(ctx: Context) -> list[procs.Finished]:
     return procs.wait_all(start_two_nodes(ctx, payload, per_node=2), ctx.timeout)
 
 
+def torchrun_two_nodes_auto_ifname(ctx: Context) -> list[procs.Finished]:
+    """Two nodes, one rank each, no GLOO_SOCKET_IFNAME: init must pick each node's veth."""
+    payload = probe_argv(ctx, truth="torchrun", expect="torchrun", world=2)[1:]
+    jobs = start_two_nodes(ctx, payload, per_node=1, ifname=False, tag="autoif")
+    return procs.wait_all(jobs, ctx.timeout)
+
+
 def ray_train(ctx: Context) -> list[procs.Finished]:
     return _run(ctx, [ctx.python, str(RAY_JOB), "--workers", "2", "--out", str(ctx.work)])
 
@@ -221,5 +235,12 @@ CASES = (
     Case(name="slurm-sbatch", ranks=3, needs="slurm", timeout=120, launch=slurm_sbatch),
     Case(name="slurm-torchrun", ranks=3, needs="slurm", timeout=120, launch=slurm_torchrun),
     Case(name="torchrun-2node", ranks=4, needs="netns", timeout=150, launch=torchrun_two_nodes),
+    Case(
+        name="torchrun-2node-auto-ifname",
+        ranks=2,
+        needs="netns",
+        timeout=150,
+        launch=torchrun_two_nodes_auto_ifname,
+    ),
     Case(name="ray", ranks=2, needs="host", timeout=300, launch=ray_train, module="ray"),
 )

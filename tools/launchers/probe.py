@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 from report import Check, Kind, RankReport, write_report
-from truth import KINDS, Truth, launcher_truth
+from truth import EXPECT_IFNAME_VAR, KINDS, Truth, launcher_truth
 
 import distcompat
 from distcompat import DistInfo, LaunchEnv
@@ -212,6 +212,14 @@ def teardown_check(expect: Expectation) -> str:
     return "adopted group left to its owner" if expect.adopted else "group destroyed"
 
 
+def interface_check(info: DistInfo, expected: str) -> str:
+    """Started without GLOO_SOCKET_IFNAME: init picked the interface that reaches the master."""
+    _expect_equal("GLOO_SOCKET_IFNAME after init", os.environ.get("GLOO_SOCKET_IFNAME"), expected)
+    if expected not in info.reason:
+        raise ProbeFailure(f"the init reason does not name {expected}: {info.reason!r}")
+    return f"init picked {expected} and says so"
+
+
 def bench_check(rank: int) -> str:
     """``distcompat bench --quick`` in this launch's environment: exit 0, a row per op on rank 0."""
     printed = io.StringIO()
@@ -247,6 +255,9 @@ def run_probe(expect: Expectation, truth: Truth, out: Path) -> RankReport:
         "torchrun-env-after-init", lambda: torchrun_env_check(info, launch), kind="contract"
     )
     checks.append(contract)
+    expected_ifname = os.environ.get(EXPECT_IFNAME_VAR)
+    if expected_ifname:
+        checks.append(_guard("gloo-interface", lambda: interface_check(info, expected_ifname)))
     checks.append(_guard("launcher", lambda: launcher_check(info, launch, expect)))
     checks.append(_guard("layout", lambda: layout_check(info, truth, expect)))
     rank, world = info.rank, info.world_size

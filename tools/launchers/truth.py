@@ -14,6 +14,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+#: Set by the harness on a node started without GLOO_SOCKET_IFNAME: the interface (the node's veth)
+#: whose route reaches the rendezvous host, which init should pick by itself.
+EXPECT_IFNAME_VAR = "LAUNCHERS_EXPECT_IFNAME"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Truth:
