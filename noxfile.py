@@ -1,6 +1,7 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, lint, typing, docs
+    nox                      # the default sessions: tests, lint, typing, docs, launchers
+    nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
 
@@ -14,7 +15,7 @@ import os
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typing", "docs"]
+nox.options.sessions = ["tests", "lint", "typing", "docs", "launchers"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -27,6 +28,9 @@ TORCH_MATRIX = ["2.13.0", "2.4.1"]
 #: a clean tree red; bump them on purpose.
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
+#: Ray Train for the launchers session; it does not require torch, and the torch pin is passed in
+#: the same install so pip can never swap the local CPU build for a CUDA one.
+RAY = "ray[train]==2.60.0"
 
 
 def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
@@ -76,6 +80,16 @@ def docs(session: nox.Session) -> None:
     install(session, "docs")
     site = str(session.cache_dir / "site")
     session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session(python=PYTHON)
+def launchers(session: nox.Session) -> None:
+    """A probe under every launcher (torchrun, two netns nodes, Open MPI, MPICH, Slurm, Ray Train)
+    and network faults on the two nodes; installs the launchers it lacks (apt-get, as root)."""
+    session.run("python", "tools/launchers/install.py")
+    install(session)
+    session.install(RAY, TORCH)
+    session.run("python", "tools/launchers/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("lifecycle", ("process_group",)),
     ("entry points", ("runtime", "testing")),
     ("public face", ("distcompat",)),
-    ("demo", ("demo",)),
+    ("commands", ("demo", "bench")),
     ("command line", ("cli",)),
     ("python -m", ("__main__",)),
 ]

@@ -1074,3 +1074,25 @@ def test_gloo_socket_ifname_is_read_with_its_source() -> None:
     unset = LaunchEnv.from_environ(TORCHRUN)
     assert unset.gloo_socket_ifname is None
     assert unset.sources["gloo_socket_ifname"] == "not set"
+
+
+def test_openmpi_single_host_port_comes_from_the_job() -> None:
+    """Env-dict parsing only (the real two-job run is in the launchers session's notes).
+
+    Two mpirun jobs on one host used to default to 29500 and the second failed (EADDRINUSE);
+    the port now follows Open MPI's job family, and MASTER_PORT still wins.
+    """
+    one_host = {
+        "OMPI_COMM_WORLD_RANK": "1",
+        "OMPI_COMM_WORLD_SIZE": "2",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+    }
+    first = LaunchEnv.from_environ(one_host | {"OMPI_MCA_ess_base_jobid": "1647575041"})
+    assert (first.master_addr, first.master_port) == ("127.0.0.1", 20000 + 25140 % 10000)
+    assert "OMPI_MCA_ess_base_jobid" in first.sources["master_port"]
+    second = LaunchEnv.from_environ(one_host | {"OMPI_MCA_ess_base_jobid": "2081554433"})
+    assert second.master_port != first.master_port
+    assert LaunchEnv.from_environ(one_host).master_port == 29500
+    chosen = one_host | {"OMPI_MCA_ess_base_jobid": "1647575041", "MASTER_PORT": "4000"}
+    assert LaunchEnv.from_environ(chosen).master_port == 4000

@@ -42,7 +42,10 @@ class DistInfo:
 
     ``has_group`` is False for a plain single process (no launcher env): no group exists and the
     rank helpers are the identity. ``timeout`` is None only for an adopted group whose timeout
-    nobody told us (torch has no public getter for it).
+    nobody told us (torch has no public getter for it). ``exported`` names the variables init
+    set in this process's environment (torchrun's ``RANK``, ... where the launcher left them
+    unset; ``GLOO_SOCKET_IFNAME`` where it picked gloo's interface), ``environ_reason`` says what
+    and why ("" when it set none).
 
     Example:
         >>> from distcompat import destroy_distributed, init_distributed
@@ -66,6 +69,8 @@ class DistInfo:
     device_reason: str
     backend_reason: str
     timeout_reason: str
+    exported: tuple[str, ...] = ()
+    environ_reason: str = ""
     watchdog_reason: str = ""
 
     @property
@@ -75,12 +80,14 @@ class DistInfo:
 
     @property
     def reason(self) -> str:
-        """One line per choice (device, backend, timeout, watchdog) saying what and why."""
+        """One line per choice (device, backend, timeout, environment set, watchdog) and why."""
         lines = [
             f"device: {self.device_reason}",
             f"backend: {self.backend_reason}",
             f"timeout: {self.timeout_reason}",
         ]
+        if self.environ_reason:
+            lines.append(f"environ: {self.environ_reason}")
         if self.watchdog_reason:
             lines.append(f"watchdog: {self.watchdog_reason}")
         return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The ``distcompat`` command: ``doctor``, ``diagnose`` and ``demo`` (parser in ``_main``).
+"""The ``distcompat`` command: ``doctor``, ``diagnose``, ``demo``, ``bench`` (parser in ``_main``).
 
 The top layer, with the demo: it may import anything below it. ``_doctor`` builds doctor's report::
 

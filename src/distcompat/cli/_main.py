@@ -1,4 +1,4 @@
-"""The ``distcompat`` command line: ``doctor``, ``diagnose`` and ``demo``.
+"""The ``distcompat`` command line: ``doctor``, ``diagnose``, ``demo`` and ``bench``.
 
 Example::
 
@@ -6,6 +6,7 @@ Example::
     torchrun --standalone --nproc-per-node=2 --no-python distcompat doctor
     distcompat diagnose /tmp/distcompat-hangs      # after a watchdog declared a hang
     distcompat demo --out demo-out                 # train on 2 local gloo ranks, check, report
+    distcompat bench --quick                       # nccl-tests-style table of your group
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from distcompat import __version__
+from distcompat.bench._cli import add_bench_parser, run_bench_command
 from distcompat.cli._doctor import collect_report
 from distcompat.collectives._capabilities import capabilities
 from distcompat.diagnostics import DumpReadError, read_dumps
@@ -79,6 +81,7 @@ def _build_parser() -> argparse.ArgumentParser:
     from distcompat.demo._cli import add_demo_parser
 
     add_demo_parser(commands)
+    add_bench_parser(commands)
     return parser
 
 
@@ -125,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from distcompat.demo._cli import run_demo_command  # heavy: see _build_parser
 
         return run_demo_command(options)
+    if options.command == "bench":
+        return run_bench_command(options)
     parser.print_help()
     return 2
 

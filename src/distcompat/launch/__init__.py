@@ -11,6 +11,9 @@ decides; it creates no process group and imports nothing else of distcompat::
 * ``_host``: what this host and torch build have (one cached probe).
 * ``_placement``: the run device, the backend and the timeout, each with its reason.
 * :func:`launch_pitfalls` (``_pitfalls``): launch mistakes that end in hangs.
+* :func:`pick_gloo_interface` (``_interface``): the interface that reaches the master, for a
+  multi-node gloo launch without ``GLOO_SOCKET_IFNAME``.
+* :func:`torchrun_exports` (``_exports``): the torchrun variables another launcher left unset.
 * ``_local_ranks``: torchrun's worker contract for ranks distcompat starts itself.
 
 ``distcompat.env`` is the same :class:`LaunchEnv` under the import path the docs used first.
@@ -23,6 +26,8 @@ from distcompat.launch._env import (
     Launcher,
     detect_launcher,
 )
+from distcompat.launch._exports import TORCHRUN_VARIABLES, TorchrunValues, torchrun_exports
+from distcompat.launch._interface import InterfacePick, pick_gloo_interface
 from distcompat.launch._pitfalls import (
     Pitfall,
     launch_pitfalls,
@@ -33,14 +38,19 @@ from distcompat.launch._placement import BackendUnavailableError, DeviceBindingE
 
 __all__ = [
     "DETECTION_ORDER",
+    "TORCHRUN_VARIABLES",
     "BackendUnavailableError",
     "DeviceBindingError",
+    "InterfacePick",
     "LaunchEnv",
     "LaunchEnvError",
     "Launcher",
     "Pitfall",
+    "TorchrunValues",
     "detect_launcher",
     "launch_pitfalls",
     "launcher_argv",
+    "pick_gloo_interface",
+    "torchrun_exports",
     "torchrun_prefix_pitfalls",
 ]

@@ -9,7 +9,9 @@ Reported by ``distcompat doctor``, and logged once at ``init_distributed`` (node
 * a script option that torchrun takes as its own by prefix (argparse accepts abbreviations: the
   script's ``--run`` is read as torchrun's ``--run-path``, or refused as ambiguous);
 * multi-node gloo without ``GLOO_SOCKET_IFNAME`` (gloo binds the address the host name resolves
-  to, often 127.0.0.1, and the peers dial their own loopback; measured to fail after 82 s);
+  to, often 127.0.0.1, and the peers dial their own loopback; measured to fail after 82 s): the
+  finding says which interface ``init_distributed`` will pick instead (``_interface``), or that
+  it found none;
 * a multi-process launch with no rendezvous host (``MASTER_ADDR``).
 """
 
@@ -18,11 +20,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from distcompat.launch._env import LaunchEnv
+from distcompat.launch._interface import InterfacePick, is_multi_node, pick_gloo_interface
 
 __all__ = [
     "Pitfall",
@@ -149,11 +152,15 @@ def torchrun_prefix_pitfalls(
     return found
 
 
-def _gloo_pitfall(env: LaunchEnv, backend: str | None) -> Pitfall | None:
-    multi_node = env.num_nodes > 1 or env.world_size > env.local_world_size
-    if not multi_node or (backend is not None and "gloo" not in backend):
+#: ``(env, backend) -> InterfacePick | None``: how init picks gloo's interface (tests replace it).
+PickInterface = Callable[[LaunchEnv, "str | None"], "InterfacePick | None"]
+
+
+def _gloo_pitfall(env: LaunchEnv, backend: str | None, pick: PickInterface) -> Pitfall | None:
+    if not is_multi_node(env) or (backend is not None and "gloo" not in backend):
         return None
     names = [n.strip() for n in (env.gloo_socket_ifname or "").split(",") if n.strip()]
+    fix = "export GLOO_SOCKET_IFNAME=<the interface that routes to the other nodes, e.g. eth0>"
     if names and all(n != "lo" for n in names):
         missing = [n for n in names if not Path("/sys/class/net", n).exists()]
         if not missing or not Path("/sys/class/net").exists():
@@ -170,21 +177,31 @@ def _gloo_pitfall(env: LaunchEnv, backend: str | None) -> Pitfall | None:
             "address the host name resolves to (often 127.0.0.1), and peers then dial their "
             "own loopback (measured: connectFullMesh fails after 82 s)"
         )
-    return Pitfall(
-        name="gloo-interface",
-        problem=problem,
-        fix="export GLOO_SOCKET_IFNAME=<the interface that routes to the other nodes, e.g. eth0>",
-    )
+        chosen = pick(env, backend)
+        if chosen is not None and chosen.name is not None:
+            problem += (
+                f"; init_distributed sets GLOO_SOCKET_IFNAME={chosen.name} for its own process "
+                f"({chosen.reason})"
+            )
+            fix = f"none needed; to choose another interface, {fix}"
+        elif chosen is not None:
+            problem += f"; init_distributed found no interface to pick: {chosen.reason}"
+    return Pitfall(name="gloo-interface", problem=problem, fix=fix)
 
 
 def launch_pitfalls(
-    env: LaunchEnv, *, backend: str | None = None, argv: Sequence[str] | None = None
+    env: LaunchEnv,
+    *,
+    backend: str | None = None,
+    argv: Sequence[str] | None = None,
+    pick: PickInterface = pick_gloo_interface,
 ) -> list[Pitfall]:
     """Every launch pitfall this process's launch shows.
 
     ``argv`` is torchrun's command line after ``torchrun`` (default: read from the parent
     process when it is torchrun); ``backend`` the collective backend (None: assume gloo may be
-    used).
+    used); ``pick`` how init chooses gloo's interface when ``GLOO_SOCKET_IFNAME`` is unset (the
+    gloo finding names its choice; tests pass a fake to avoid asking the host's routing table).
 
     Example:
         >>> launch_pitfalls(LaunchEnv.from_environ({}), argv=[])
@@ -202,7 +219,7 @@ def launch_pitfalls(
                 fix="set MASTER_ADDR to rank 0's host and MASTER_PORT to a free port",
             )
         )
-    gloo = _gloo_pitfall(env, backend)
+    gloo = _gloo_pitfall(env, backend, pick)
     if gloo is not None:
         found.append(gloo)
     if argv is None and env.launcher == "torchrun" and sys.platform.startswith("linux"):

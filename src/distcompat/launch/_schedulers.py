@@ -45,6 +45,10 @@ T = TypeVar("T")
 SAGEMAKER_MASTER_PORT = 7777  # sagemaker-training-toolkit's torch_distributed.MASTER_PORT
 SLURM_PORT_BASE = 15000  # Lightning: 15000 + last 4 digits of SLURM_JOB_ID
 LSF_PORT_BASE = 10000  # Lightning: 10000 + LSB_JOBID % 1000
+#: Open MPI on one host: 20000 + the job family % 10000, below Linux's ephemeral ports (32768+),
+#: so two mpirun jobs on one host do not both default to 29500 (measured: the second one failed).
+OPENMPI_PORT_BASE = 20000
+OPENMPI_JOBID = "OMPI_MCA_ess_base_jobid"
 
 
 class VarNames(NamedTuple):
@@ -167,6 +171,8 @@ def parse_mpi(env: Mapping[str, str], launcher: str, names: VarNames, azure: str
         master = _azure_mpi_master(env, azure)
     elif world.value == local_world.value:
         master = Master("127.0.0.1", "127.0.0.1: single node, every rank is on this host", None, "")
+        if launcher == "openmpi":
+            master = _openmpi_port(env, master)
     else:
         unset = "not set: MPI does not export a master {0}; set MASTER_{1}"
         master = Master(None, unset.format("address", "ADDR"), None, unset.format("port", "PORT"))
@@ -180,6 +186,20 @@ def parse_mpi(env: Mapping[str, str], launcher: str, names: VarNames, azure: str
         nodes,
         default_port(master, "MASTER_PORT not set"),
     )
+
+
+def _openmpi_port(env: Mapping[str, str], master: Master) -> Master:
+    """Derive a per-job port from Open MPI's job id (its upper 16 bits name the mpirun)."""
+    text = env.get(OPENMPI_JOBID, "")
+    if not re.fullmatch(r"[0-9]+", text):
+        return master  # not exported, or not a number: torch's default port, as before
+    family = int(text) >> 16
+    port = OPENMPI_PORT_BASE + family % 10000
+    source = (
+        f"derived from {OPENMPI_JOBID}={text}: {OPENMPI_PORT_BASE} + job family "
+        f"({family}) % 10000, so concurrent mpirun jobs on one host differ"
+    )
+    return master._replace(port=port, port_source=source)
 
 
 def _azure_mpi_master(env: Mapping[str, str], var: str) -> Master:

@@ -49,6 +49,11 @@ from distcompat.diagnostics._exit import install as install_exit_guard
 from distcompat.launch import LaunchEnv
 from distcompat.launch._settings import WatchdogChoice, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
+from distcompat.process_group._environ import (
+    EnvironWrites,
+    bind_gloo_interface,
+    export_torchrun_contract,
+)
 from distcompat.rank_logging import get_logger
 
 __all__ = ["destroy_distributed", "distributed_session", "init_distributed"]
@@ -75,6 +80,7 @@ class _Lifecycle:
     info: DistInfo
     request: _Request
     watchdog: Watchdog | None = None  # the watchdog init started, if any
+    environ: EnvironWrites | None = None  # the variables init set, withdrawn at destroy
 
 
 # What init_distributed set up, with the arguments it was called with (for idempotence).
@@ -115,9 +121,12 @@ def init_distributed(
             that raises ``HangError`` after that long. ``False``: no watchdog.
 
     Launch pitfalls (a script option torchrun takes as its own, multi-node gloo without
-    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0. Rank 0 logs the group
-    it made at INFO (``distcompat.process_group``). ``info.reason`` says what was chosen and why,
-    the watchdog included.
+    ``GLOO_SOCKET_IFNAME``) are logged once, on each node's local rank 0. With a group, the
+    torchrun variables the launcher left unset (``RANK``, ``WORLD_SIZE``, ...) are set from what
+    init resolved, and a multi-node gloo launch without ``GLOO_SOCKET_IFNAME`` gets the interface
+    that reaches the master; ``DistInfo.environ_reason`` lists both, and destroy unsets them.
+    Rank 0 logs the group it made at INFO (``distcompat.process_group``). ``info.reason`` says
+    what was chosen and why, the watchdog included.
 
     Example:
         >>> info = init_distributed(device="cpu")
@@ -146,19 +155,27 @@ def init_distributed(
     choose_watchdog(watchdog, group_timeout=None)  # a bad DISTCOMPAT_WATCHDOG fails before init
     if not group_active():
         forget_failures()  # the group that held a failed op is gone
+    writes = EnvironWrites()
     if group_active():
         info = adopt_group(device, timeout, launch)
     elif not launch.is_distributed:
         info = single_process(device, timeout, launch)
     else:
         log_launch_pitfalls(launch, backend=backend)
-        info = create_group(device, backend, timeout, launch)
+        writes = bind_gloo_interface(launch, backend)  # GLOO_SOCKET_IFNAME, before the group
+        try:
+            info = create_group(device, backend, timeout, launch)
+        except BaseException:
+            writes.withdraw()
+            raise
+    # torchrun's RANK, WORLD_SIZE, ... where the launcher left them unset (none without a group)
+    info = export_torchrun_contract(info, launch, writes)
     record(info)
     started, info = _watch(info, choose_watchdog(watchdog, group_timeout=info.timeout))
     record(info)
     if info.has_group:
         install_exit_guard()
-    _current = _Lifecycle(info=info, request=request, watchdog=started)
+    _current = _Lifecycle(info=info, request=request, watchdog=started, environ=writes)
     _LOG.info("distcompat: %s; watchdog %s", info.summary, info.watchdog_reason.split(":")[0])
     return info
 
@@ -191,6 +208,8 @@ def destroy_distributed() -> None:
     record(None)
     if state is not None and state.watchdog is not None:
         state.watchdog.stop()
+    if state is not None and state.environ is not None:
+        state.environ.withdraw()  # the variables init set, where they still hold its values
     if state is None or state.info.adopted or not state.info.has_group:
         return
     failed = failure_seen()
