@@ -10,11 +10,11 @@ Importing distcompat configures nothing, writes no environment variable and prob
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
 from distcompat._capabilities import Capabilities, capabilities
 from distcompat._placement import BackendUnavailableError, DeviceBindingError
+from distcompat._version import __version__
 from distcompat.checkpoint import (
     AsyncCheckpointer,
     CheckpointCorruptError,
@@ -121,11 +121,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-try:
-    __version__ = version("distcompat")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 # distcompat.barrier is process_group.barrier (device-aware for NCCL); the async form is
 # distcompat.collectives.barrier(async_op=True).
