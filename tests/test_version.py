@@ -1,4 +1,4 @@
-"""One version: _version.py, distcompat.__version__, ``distcompat --version`` and the metadata agree."""
+"""One version: _version.py, distcompat.__version__, `distcompat --version`, the metadata."""
 
 from __future__ import annotations
 
