@@ -1,7 +1,8 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, lint, typing, docs, launchers
+    nox                      # the default sessions: tests, lint, typing, docs, launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
+    nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
 
@@ -12,18 +13,24 @@ newest CUDA build from PyPI with several GB of CUDA libraries.
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typing", "docs", "launchers"]
+nox.options.sessions = ["tests", "lint", "typing", "docs", "launchers", "build"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
 PYTHON = "3.11"  # the local CPU torch wheel is built for 3.11
 #: torch for the default sessions; DISTCOMPAT_TORCH overrides it (e.g. a CUDA build on a GPU box).
 TORCH = os.environ.get("DISTCOMPAT_TORCH", "torch==2.13.0")
-#: The newest release (the local wheel) and the oldest we support (pyproject: torch>=2.4).
-TORCH_MATRIX = ["2.13.0", "2.4.1"]
+#: The newest release (the local wheel) and the oldest we support (pyproject: torch>=2.8; below
+#: 2.8 gloo's destroy_process_group hangs intermittently, see docs/launching.md).
+TORCH_MATRIX = ["2.13.0", "2.8.0"]
 #: Checkers pinned to the versions the code was last checked with, so a new release cannot turn
 #: a clean tree red; bump them on purpose.
 RUFF = "ruff==0.17.6"
@@ -31,6 +38,8 @@ MYPY = "mypy==2.4.1"
 #: Ray Train for the launchers session; it does not require torch, and the torch pin is passed in
 #: the same install so pip can never swap the local CPU build for a CUDA one.
 RAY = "ray[train]==2.60.0"
+BUILD = "build==1.6.1"
+TWINE = "twine==7.0.0"
 
 
 def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
@@ -99,3 +108,105 @@ def torch_versions(session: nox.Session, torch_version: str) -> None:
     install(session, "tests", torch=f"torch=={torch_version}")
     session.run("python", "-c", "import torch; print('torch', torch.__version__)")
     session.run("pytest", "-m", "not cuda", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build the sdist and wheel, check them, and run the README quickstart from the wheel.
+
+    The wheel goes into a fresh venv (torch first), and everything runs from a scratch folder,
+    so the installed wheel is imported, never the source tree.
+    """
+    session.install(BUILD, TWINE)
+    scratch = Path(session.create_tmp()).resolve() / "build"
+    shutil.rmtree(scratch, ignore_errors=True)
+    dist = scratch / "dist"
+    session.run("python", "-m", "build", "--outdir", str(dist), ".")
+    session.run("twine", "check", "--strict", *(str(path) for path in sorted(dist.iterdir())))
+    (wheel,) = dist.glob("*.whl")
+    (sdist,) = dist.glob("*.tar.gz")
+    _check_wheel(wheel)
+    tests_dir = _check_sdist(sdist, scratch)
+
+    bin_dir = scratch / "venv" / "bin"
+    session.run("python", "-m", "venv", str(bin_dir.parent))
+    python, distcompat = str(bin_dir / "python"), str(bin_dir / "distcompat")
+    session.run(python, "-m", "pip", "install", "-q", TORCH, external=True)
+    session.run(python, "-m", "pip", "install", "-q", f"{wheel}[tests]", external=True)
+
+    with session.chdir(scratch):
+        agree = (
+            "import distcompat, sys; from importlib.metadata import version; "
+            "assert distcompat.__file__.startswith(sys.prefix), distcompat.__file__; "
+            "assert distcompat.__version__ == version('distcompat'), distcompat.__version__; "
+            "print(distcompat.__version__)"
+        )
+        installed = _output(session, python, "-c", agree)
+        shown = _output(session, distcompat, "--version")
+        if shown != f"distcompat {installed}":
+            session.error(f"distcompat --version says {shown!r}, the metadata {installed!r}")
+
+        quickstart = scratch / "quickstart.py"
+        quickstart.write_text(readme_quickstart(Path(__file__).parent / "README.md"))
+        torchrun = str(bin_dir / "torchrun")
+        said = _output(session, torchrun, "--standalone", "--nproc-per-node=2", str(quickstart))
+        if "2 ranks on gloo: sum of ranks = 1.0" not in said:
+            session.error("the README quickstart did not report 2 ranks summing to 1.0")
+        session.run(distcompat, "doctor", external=True)
+
+    # The sdist's tests run against the installed wheel: every module collects, and one runs.
+    with session.chdir(tests_dir.parent):
+        session.run(python, "-m", "pytest", "-qq", "--collect-only", "tests", external=True)
+        session.run(python, "-m", "pytest", "-q", "tests/test_version.py", external=True)
+
+
+def _output(session: nox.Session, *command: str) -> str:
+    """Run ``command`` (outside the session's venv), show its output, return the last line."""
+    said = str(session.run(*command, external=True, silent=True)).strip()
+    session.log(said)
+    return said.splitlines()[-1] if said else ""
+
+
+def readme_quickstart(readme: Path) -> str:
+    """The python code block right under README.md's ``## Quickstart`` heading."""
+    section = readme.read_text(encoding="utf-8").partition("\n## Quickstart\n")[2]
+    match = re.match(r"\s*```python\n(.*?)^```", section, re.DOTALL | re.MULTILINE)
+    if match is None:
+        raise ValueError(f"{readme}: no ```python block right under '## Quickstart'")
+    return match.group(1)
+
+
+def _check_wheel(wheel: Path) -> None:
+    """The wheel holds the package, its py.typed and LICENSE, and no tests or benchmarks."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
+    stray = {name.split("/", 1)[0] for name in names} - {"distcompat", dist_info}
+    if stray:
+        raise ValueError(f"{wheel.name}: unexpected top-level entries {sorted(stray)}")
+    needed = {"distcompat/py.typed", "distcompat/_version.py", f"{dist_info}/licenses/LICENSE"}
+    if needed - set(names):
+        raise ValueError(f"{wheel.name}: missing {sorted(needed - set(names))}")
+    print(f"{wheel.name}: {len(names)} files, only distcompat/ and {dist_info}/, LICENSE in")
+
+
+def _check_sdist(sdist: Path, scratch: Path) -> Path:
+    """The sdist holds what running the tests needs; unpack it and return its ``tests`` folder."""
+    root = sdist.name.removesuffix(".tar.gz")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(scratch, filter="data")
+        names = {name.removeprefix(f"{root}/") for name in archive.getnames()}
+    repo = Path(__file__).parent
+    required = {"pyproject.toml", "LICENSE", "README.md", "CHANGELOG.md", "src/distcompat/py.typed"}
+    required |= {
+        path.relative_to(repo).as_posix()
+        for path in (repo / "tests").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+    if required - names:
+        raise ValueError(f"{sdist.name}: missing {sorted(required - names)}")
+    unwanted = sorted(name for name in names if name.startswith(("benchmarks/", "tools/", "docs/")))
+    if unwanted:
+        raise ValueError(f"{sdist.name}: should not hold {unwanted}")
+    print(f"{sdist.name}: {len(names)} entries, all of tests/, LICENSE and CHANGELOG.md")
+    return scratch / root / "tests"

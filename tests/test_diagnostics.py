@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -147,7 +148,8 @@ def test_killed_rank_is_reported_gone(tmp_path: Path) -> None:
     assert 1 not in seen  # SIGKILLed before writing anything
     assert seen[0]["error"] == "PeerLostError"
     assert seen[0]["after_s"] < SLACK_S
-    assert "rank 1 did not answer" in seen[0]["message"]
+    if sys.version_info >= (3, 11):  # the report rides on the error as a note (add_note, 3.11+)
+        assert "rank 1 did not answer" in seen[0]["message"]
     assert _dump_report(tmp_path, 0).verdict.missing == (1,)
     # the post-mortem reads the survivor's dump
     assert main(["diagnose", str(tmp_path / "dumps")]) == 0

@@ -16,9 +16,9 @@ from distcompat._command import quiet_own_command
 quiet_own_command()  # before any module below imports torch; a no-op in a user's program
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
+from distcompat._version import __version__
 from distcompat.checkpoint import (
     AsyncCheckpointer,
     CheckpointCorruptError,
@@ -127,11 +127,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-try:
-    __version__ = version("distcompat")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 # distcompat.barrier is process_group.barrier (device-aware for NCCL); the async form is
 # distcompat.collectives.barrier(async_op=True).
