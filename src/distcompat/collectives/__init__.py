@@ -21,7 +21,7 @@ What every function here guarantees, on gloo as on NCCL:
 """
 
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
-from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked
+from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked, unchecked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._explain import CollectivePlan, explain_collective
@@ -96,4 +96,5 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "send",
+    "unchecked",
 ]

@@ -30,9 +30,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _agree
+from distcompat.collectives._agree import unchecked
+from distcompat.collectives._errors import CollectiveMismatchError
 from distcompat.collectives._native import all_gather_flat
 
-__all__ = ["CollectiveMismatchError", "PreCall", "checked", "is_checked", "set_hooks", "verify"]
+__all__ = [
+    "CollectiveMismatchError",
+    "PreCall",
+    "checked",
+    "is_checked",
+    "set_hooks",
+    "unchecked",
+    "verify",
+]
 
 _FIELDS = ("seq", "op", "reduce_op", "root", "dtype", "numel", "shape")
 _OPS = (
@@ -57,10 +68,6 @@ def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
     global _pre_call, watch, _active
     _pre_call, watch = pre_call, watcher
     _active = _enabled or pre_call is not None
-
-
-class CollectiveMismatchError(ValueError):
-    """Ranks called different collectives (or the same one with different arguments)."""
 
 
 @contextlib.contextmanager
@@ -122,12 +129,18 @@ def verify(
     in_splits: Sequence[int] | None = None,
     out_splits: Sequence[int] | None = None,
 ) -> None:
-    """Run the pre-call hooks: diagnostics (if installed), then checked mode's fingerprint check."""
+    """Run the pre-call hooks: diagnostics (if installed), then a mismatch check.
+
+    The check is checked mode's fingerprint exchange inside :func:`checked`, else the default
+    one (``_agree``: only calls whose signature is new on the group are compared).
+    """
     if not _active:
+        _agree.agree(op, tensor, group, reduce_op, root)
         return
     if _pre_call is not None:
         _pre_call(op, tensor, group, reduce_op, root)
     if not _enabled:
+        _agree.agree(op, tensor, group, reduce_op, root)
         return
     world = dist.get_world_size(group)
     key = group if group is not None else dist.group.WORLD
