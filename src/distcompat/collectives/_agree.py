@@ -48,10 +48,11 @@ from distcompat.collectives._wire import MOVE_NATIVE
 
 __all__ = [
     "ENV_VAR",
+    "POLL",
     "POLL_S",
     "agree",
     "answer",
-    "cached",
+    "last",
     "listening",
     "record",
     "state_for",
@@ -62,7 +63,8 @@ __all__ = [
 ENV_VAR = "DISTCOMPAT_MISMATCH_CHECK"
 #: How often a rank blocked in a collective looks for a peer's question (seconds).
 POLL_S = 0.5
-_POLL = timedelta(seconds=POLL_S)
+#: The same as a timedelta, for ``Work.wait``.
+POLL = timedelta(seconds=POLL_S)
 #: Longest pause between two looks at the store while waiting for the other ranks' posts.
 _MAX_PAUSE_S = 0.02
 #: Signatures remembered per group; beyond this the set starts again (every rank at the same call).
@@ -148,26 +150,20 @@ def _new_state(key: Any) -> _State:
     )
 
 
-#: The last group looked up and its record: the fast paths ask :func:`cached` (a weakref call)
-#: instead of a weak-key lookup. A weakref, so that a destroyed group is not kept alive.
-_last: tuple[weakref.ref[Any], _State] | None = None
+#: The last group looked up and its record: the fast paths (``_direct``) read it (a weakref
+#: call) instead of making a weak-key lookup. A weakref: a destroyed group is not kept alive.
+last: tuple[weakref.ref[Any], _State] | None = None
 
 
 def state_for(group: Any) -> _State:
     """Return ``group``'s record (made on its first call; ``group`` has more than one rank)."""
-    global _last
+    global last
     key = group if group is not None else dist.group.WORLD
     state = _states.get(key)
     if state is None:
         state = _states[key] = _new_state(key)
-    _last = (weakref.ref(key), state)
+    last = (weakref.ref(key), state)
     return state
-
-
-def cached(pg: Any) -> _State | None:
-    """Return the record of process group object ``pg`` if it was the last one looked up."""
-    last = _last
-    return last[1] if last is not None and last[0]() is pg else None
 
 
 def agree(
@@ -327,7 +323,7 @@ def wait_answering(work: Any, group: Any) -> None:
     while True:
         started = time.monotonic()
         try:
-            work.wait(_POLL)
+            work.wait(POLL)
             return
         except RuntimeError:
             if time.monotonic() - started < POLL_S * 0.99:

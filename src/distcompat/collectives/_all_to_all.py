@@ -15,11 +15,10 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
-from distcompat.collectives._agree import cached, record
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size
 from distcompat.collectives._issue import issue
-from distcompat.collectives._wire import MOVE_NATIVE, stage_input, stage_output
+from distcompat.collectives._wire import stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["all_to_all", "all_to_all_single"]
@@ -75,27 +74,10 @@ def all_to_all_single(
         >>> out
         tensor([1., 2., 3.])
     """
-    pg = group if group is not None else dist.GroupMember.WORLD
-    state = cached(pg)  # set by an earlier call on this group (of more than one rank)
-    if (
-        state is not None
-        and output_split_sizes is None
-        and input_split_sizes is None
-        and input.dim() > 0
-        and input.dtype == output.dtype
-        and input.dtype in MOVE_NATIVE
-        and _direct.ready(input)
-        and _direct.ready(output)
-    ):  # the common case: even splits, nothing to stage
-        record(state, ("all_to_all_single", input.dtype, input.shape[1:], None, None), group)
-        return issue(
-            "all_to_all_single",
-            lambda a: _direct.alltoall(pg, output, input, a),
-            group,
-            [output],
-            None,
-            async_op,
-        )
+    even = output_split_sizes is None and input_split_sizes is None
+    done = _direct.alltoall(output, input, group, async_op, even)  # the common case, if it is
+    if done is not _direct.SKIP:
+        return done
     world_size = group_size(group)
     if world_size == 1:
         output.copy_(input)

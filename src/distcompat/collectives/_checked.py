@@ -59,7 +59,7 @@ PreCall = Callable[[str, "torch.Tensor | None", Any, Any, "int | None"], None]
 _pre_call: PreCall | None = None
 #: The active watchdog (``distcompat.diagnostics``), read by ``issue()`` and ``CompatWork.wait()``.
 watch: Any = None
-#: ``_enabled or _pre_call is not None``: the one flag verify() reads when nothing is enabled.
+#: ``_enabled or _pre_call or watch``: the one flag verify() reads when nothing is enabled.
 _active = False
 
 
@@ -67,7 +67,7 @@ def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
     """Install (or, with None, remove) the diagnostics pre-call hook and watchdog."""
     global _pre_call, watch, _active
     _pre_call, watch = pre_call, watcher
-    _active = _enabled or pre_call is not None
+    _active = _enabled or pre_call is not None or watcher is not None
 
 
 @contextlib.contextmanager
@@ -84,12 +84,12 @@ def checked(enabled: bool = True, *, timeout: float = 60.0) -> Iterator[None]:
     global _enabled, _wait_s, _active
     previous = (_enabled, _wait_s)
     _enabled, _wait_s = enabled, timeout
-    _active = _enabled or _pre_call is not None
+    _active = _enabled or _pre_call is not None or watch is not None
     try:
         yield
     finally:
         _enabled, _wait_s = previous
-        _active = _enabled or _pre_call is not None
+        _active = _enabled or _pre_call is not None or watch is not None
 
 
 def is_checked() -> bool:

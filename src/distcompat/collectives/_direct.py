@@ -3,79 +3,199 @@
 ``torch.distributed.all_reduce`` is Python around ``ProcessGroup.allreduce``: torch-function
 dispatch, argument checks, an options object. On 2 gloo ranks sharing 2 cores, a tiny call made
 right after a barrier spends about 10 us there (benchmarks/README.md), twice distcompat's budget
-for its own per-call cost. Where distcompat has already checked the call, the fast paths of
-``all_reduce``, ``broadcast`` and ``all_to_all_single`` call the ProcessGroup method that the
-wrapper would call, with the same options::
+for its own per-call cost. For the common case, ``all_reduce``, ``broadcast`` and
+``all_to_all_single`` first try the functions here, which do the mismatch check's bookkeeping and
+call the ProcessGroup method the wrapper would call, with the same options::
 
-    if ready(tensor):
-        work = allreduce(pg, tensor, dist.ReduceOp.SUM, async_op)
+    done = allreduce(tensor, op, group, async_op)
+    if done is not SKIP:
+        return done          # else: the general path (staging, plans, shims)
 
-:func:`ready` says when that holds: a plain ``torch.Tensor`` (no subclass, no torch-function
-mode: those go through torch's dispatch), on the CPU, dense; no diagnostics hook, checked mode or
-capability probe results that would change the call. Everything else takes the general path.
+The common case: a plain ``torch.Tensor`` (no subclass, no torch-function mode: those go
+through torch's dispatch) on the CPU, dense, of a dtype the backend handles natively, on a group
+of more than one rank that an earlier call already looked up; no checked mode, diagnostics hook
+or capability-probe results that would change the call. The options keep ``asyncOp`` at its
+default (True): the work is waited on here, as torch waits on it for a synchronous call.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
-from typing import Any
+from datetime import timedelta
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.overrides import has_torch_function
 
-from distcompat.collectives import _checked, _probed
+from distcompat.collectives import _agree, _checked, _probed
+from distcompat.collectives._errors import raise_typed
+from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE
+from distcompat.collectives._work import CompatWork
 
-__all__ = ["allreduce", "alltoall", "broadcast", "ready"]
+__all__ = ["SKIP", "allreduce", "alltoall", "broadcast"]
+
+_RED_OP_TYPE = type(dist.ReduceOp.SUM)
+#: ReduceOps every backend does natively on REDUCE_NATIVE dtypes: sent as they are.
+_PLAIN_OPS = frozenset({dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX})
 
 
-def ready(tensor: torch.Tensor) -> bool:
-    """Return whether a call on ``tensor`` may go straight to the ProcessGroup method."""
+class _Skip(enum.Enum):
+    SKIP = "not the common case"
+
+
+#: Returned when the call is not the common case: take the general path.
+SKIP = _Skip.SKIP
+Outcome = CompatWork | None | Literal[_Skip.SKIP]
+
+
+def _plain(tensor: torch.Tensor) -> bool:
+    """Return whether ``tensor`` is a plain dense CPU tensor that torch would not dispatch."""
     return (
         type(tensor) is torch.Tensor
         and tensor.is_cpu
         and tensor.is_contiguous()
-        and not _checked._active
-        and _checked.watch is None
-        and not _probed._any
         and not has_torch_function((tensor,))
     )
 
 
-@functools.cache
-def _has_async_op(options: type) -> bool:
-    """Whether this torch's options carry ``asyncOp`` (newer releases; a feature test)."""
-    return hasattr(options(), "asyncOp")
+def _state(group: Any) -> tuple[Any, Any]:
+    """Return ``(process group, its record)``; the record is None off the common case.
+
+    Off the common case: a group not looked up last, or checked mode, a diagnostics hook or
+    capability-probe results installed (each could change what is sent).
+    """
+    pg = group if group is not None else dist.GroupMember.WORLD
+    last = _agree.last
+    if last is None or last[0]() is not pg or _checked._active or _probed._any:
+        return pg, None
+    return pg, last[1]
 
 
-def _finish(work: Any, async_op: bool) -> Any:
-    if not async_op and work is not None:
-        work.wait()
-    return work
+#: ``Work.wait``'s own default: no timeout.
+_NO_TIMEOUT = timedelta(0)
 
 
-def allreduce(pg: Any, tensor: torch.Tensor, op: Any, async_op: bool) -> Any:
-    """``pg.allreduce`` as ``dist.all_reduce`` calls it; waits unless ``async_op``."""
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = op
-    if _has_async_op(dist.AllreduceOptions):
-        opts.asyncOp = async_op
-    return _finish(pg.allreduce([tensor], opts), async_op)
+def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
+    """Handle a failed call or a sync wait that ran out of its slice (``_agree.POLL``)."""
+    if work is None or not _agree.listening:
+        raise_typed(exc, op, group)
+    try:
+        _agree.wait_answering(work, group)  # re-raises at once if the op failed
+    except RuntimeError as failed:
+        raise_typed(failed, op, group)
 
 
-def broadcast(pg: Any, tensor: torch.Tensor, group_root: int, async_op: bool) -> Any:
-    """``pg.broadcast`` from group rank ``group_root``, as ``dist.broadcast`` calls it."""
+def _complete(
+    op: str, work: Any, group: Any, result: list[torch.Tensor], async_op: bool
+) -> CompatWork | None:
+    """Hand back the op's handle, or wait for it (answering peers' questions, see ``_agree``)."""
+    try:
+        if async_op:
+            return CompatWork.from_work(work, group, result, None, op=op)
+        if not _agree.listening:
+            work.wait()
+            return None
+        try:
+            work.wait(_agree.POLL)
+        except RuntimeError:  # not done within one slice, or failed: the general wait sorts it
+            _agree.wait_answering(work, group)
+    except RuntimeError as exc:  # inline, not typed_errors(): this is the hot path
+        raise_typed(exc, op, group)
+    return None
+
+
+def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outcome:
+    """``pg.allreduce`` as ``dist.all_reduce`` calls it, for a plain SUM, MIN or MAX.
+
+    Written out in one function: each Python call made here costs about 1 us of a tiny
+    collective's end-to-end time on the measured machine.
+    """
+    pg: Any = group if group is not None else dist.GroupMember.WORLD
+    last = _agree.last
+    if (
+        last is None
+        or last[0]() is not pg
+        or _checked._active  # checked mode, a diagnostics hook or a watchdog
+        or _probed._any  # probe results could change the plan
+        or type(op) is not _RED_OP_TYPE
+        or op not in _PLAIN_OPS
+        or tensor.dtype not in REDUCE_NATIVE
+        or type(tensor) is not torch.Tensor
+        or not tensor.is_cpu
+        or not tensor.is_contiguous()
+        or has_torch_function((tensor,))
+    ):
+        return SKIP
+    state = last[1]
+    if state.store is not None:
+        _agree.record(state, ("all_reduce", tensor.dtype, tensor.shape, op, None), group)
+    opts: Any = dist.AllreduceOptions()
+    opts.reduceOp = op  # a RedOpType, as torch's all_reduce sets it
+    work: Any = None
+    try:
+        work = pg.allreduce([tensor], opts)
+        if not async_op:
+            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            return None
+    except RuntimeError as exc:
+        _recover(exc, "all_reduce", work, group)
+        return None
+    return CompatWork.from_work(work, group, [tensor], None, op="all_reduce")
+
+
+def broadcast(
+    tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
+) -> Outcome:
+    """``pg.broadcast`` as ``dist.broadcast`` calls it (``src`` on the default group only)."""
+    pg, state = _state(group)
+    root = group_src if group_src is not None else src if group is None else None
+    if (
+        state is None
+        or root is None
+        or not 0 <= root < state.world
+        or tensor.dtype not in MOVE_NATIVE
+        or not _plain(tensor)
+    ):
+        return SKIP
+    _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
     opts = dist.BroadcastOptions()
-    opts.rootRank = group_root
+    opts.rootRank = root
     opts.rootTensor = 0
-    if _has_async_op(dist.BroadcastOptions):
-        opts.asyncOp = async_op
-    return _finish(pg.broadcast([tensor], opts), async_op)
+    try:
+        work = pg.broadcast([tensor], opts)
+    except RuntimeError as exc:
+        raise_typed(exc, "broadcast", group)
+    return _complete("broadcast", work, group, [tensor], async_op)
 
 
-def alltoall(pg: Any, output: torch.Tensor, input: torch.Tensor, async_op: bool) -> Any:
-    """``pg.alltoall_base`` with even splits, as ``dist.all_to_all_single`` calls it."""
-    opts = dist.AllToAllOptions()
-    if _has_async_op(dist.AllToAllOptions):
-        opts.asyncOp = async_op
-    return _finish(pg.alltoall_base(output, input, [], [], opts), async_op)
+@functools.cache
+def _all_to_all_method(pg_type: type) -> str:
+    """Return the ProcessGroup method torch's ``all_to_all_single`` calls (renamed lately)."""
+    return "all_to_all_single" if hasattr(pg_type, "all_to_all_single") else "alltoall_base"
+
+
+def alltoall(
+    output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool, even: bool
+) -> Outcome:
+    """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it."""
+    pg, state = _state(group)
+    if (
+        state is None
+        or not even
+        or input.dim() == 0
+        or input.dtype != output.dtype
+        or input.dtype not in MOVE_NATIVE
+        or not _plain(input)
+        or not _plain(output)
+    ):
+        return SKIP
+    sig = ("all_to_all_single", input.dtype, input.shape[1:], None, None)
+    _agree.record(state, sig, group)
+    exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    try:
+        work = exchange(output, input, [], [], dist.AllToAllOptions())
+    except RuntimeError as exc:
+        raise_typed(exc, "all_to_all_single", group)
+    return _complete("all_to_all_single", work, group, [output], async_op)

@@ -16,12 +16,11 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
-from distcompat.collectives._agree import cached, record
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._wire import MOVE_NATIVE, chain, stage_input, stage_output
+from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["all_gather", "all_gather_into_tensor", "broadcast", "gather", "scatter"]
@@ -73,25 +72,9 @@ def broadcast(
         >>> t
         tensor([0., 1., 2., 3.])
     """
-    pg = group if group is not None else dist.GroupMember.WORLD
-    state = cached(pg)  # set by an earlier call on this group (of more than one rank)
-    fast_root = group_src if group_src is not None else src if group is None else None
-    if (
-        state is not None
-        and fast_root is not None
-        and 0 <= fast_root < state.world
-        and tensor.dtype in MOVE_NATIVE
-        and _direct.ready(tensor)
-    ):  # the common case: nothing to stage
-        record(state, ("broadcast", tensor.dtype, tensor.shape, None, fast_root), group)
-        return issue(
-            "broadcast",
-            lambda a: _direct.broadcast(pg, tensor, fast_root, a),
-            group,
-            [tensor],
-            None,
-            async_op,
-        )
+    done = _direct.broadcast(tensor, src, group, async_op, group_src)  # the common case?
+    if done is not _direct.SKIP:
+        return done
     if group_size(group) == 1:
         return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)

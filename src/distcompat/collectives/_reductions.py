@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
-from distcompat.collectives._agree import cached, record
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
@@ -32,15 +31,12 @@ from distcompat.collectives._reduce_ops import (
     plan_fast,
     plan_reduction,
 )
-from distcompat.collectives._wire import REDUCE_NATIVE, Finish, chain, stage_input, stage_output
+from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
 __all__ = ["all_reduce", "plan_call", "reduce"]
 
 R = dist.ReduceOp
-_RED_OP_TYPE = type(R.SUM)
-#: ReduceOps every backend does natively on REDUCE_NATIVE dtypes: sent as they are.
-_DIRECT_OPS = frozenset({R.SUM, R.MIN, R.MAX, R.PRODUCT})
 
 
 def plan_call(
@@ -111,24 +107,9 @@ def all_reduce(
         >>> t
         tensor([True])
     """
-    pg = group if group is not None else dist.GroupMember.WORLD
-    state = cached(pg)  # set by an earlier call on this group (of more than one rank)
-    if (
-        state is not None
-        and type(op) is _RED_OP_TYPE
-        and op in _DIRECT_OPS
-        and tensor.dtype in REDUCE_NATIVE
-        and _direct.ready(tensor)
-    ):  # the common case: nothing to stage or plan
-        record(state, ("all_reduce", tensor.dtype, tensor.shape, op, None), group)
-        return issue(
-            "all_reduce",
-            lambda a: _direct.allreduce(pg, tensor, op, a),
-            group,
-            [tensor],
-            None,
-            async_op,
-        )
+    done = _direct.allreduce(tensor, op, group, async_op)  # the common case, if it is one
+    if done is not _direct.SKIP:
+        return done
     world_size = group_size(group)
     plan = plan_call(op, tensor, group, world_size, "all_reduce")
     if world_size == 1:
