@@ -112,10 +112,11 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     Written out in one function: each Python call made here costs about 1 us of a tiny
     collective's end-to-end time on the measured machine.
     """
-    pg: Any = group if group is not None else dist.GroupMember.WORLD
+    pg = group if group is not None else dist.GroupMember.WORLD
     last = _agree.last
     if (
-        last is None
+        pg is None
+        or last is None
         or last[0]() is not pg
         or _checked._active  # checked mode, a diagnostics hook or a watchdog
         or _probed._any  # probe results could change the plan
