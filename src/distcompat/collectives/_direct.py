@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import functools
 from datetime import timedelta
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -112,11 +112,11 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     Written out in one function: each Python call made here costs about 1 us of a tiny
     collective's end-to-end time on the measured machine.
     """
-    pg: Any = group if group is not None else cast(Any, dist.GroupMember.WORLD)
+    pg = group if group is not None else dist.GroupMember.WORLD
     last = _agree.last
     if (
         last is None
-        or last[0]() is not pg
+        or pg is not last[0]()
         or _checked._active  # checked mode, a diagnostics hook or a watchdog
         or _probed._any  # probe results could change the plan
         or type(op) is not _RED_OP_TYPE
@@ -135,7 +135,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     opts.reduceOp = op  # a RedOpType, as torch's all_reduce sets it
     work: Any = None
     try:
-        work = pg.allreduce([tensor], opts)
+        work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
         if not async_op:
             work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
             return None
