@@ -208,8 +208,10 @@ def all_gather_into_tensor(
         return done_if_async([output_tensor], async_op)
     verify("all_gather_into_tensor", input_tensor, group)
     wire, copy_back = stage_output(output_tensor, reduce=False)
-    source = stage_input(input_tensor, reduce=False).reshape(-1)
-    out_flat = wire.view(-1)
+    source = stage_input(input_tensor, reduce=False)
+    # Flat views only where needed: each view costs 1-3 us, the op's whole Python budget.
+    source = source if source.dim() == 1 else source.reshape(-1)
+    out_flat = wire if wire.dim() == 1 else wire.view(-1)
     return issue(
         "all_gather_into_tensor",
         lambda a: all_gather_flat(out_flat, source, group=group, async_op=a),
