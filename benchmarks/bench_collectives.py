@@ -123,7 +123,7 @@ class _DoneWork:
         return future
 
 
-def _wrapper_cost(calls: int = 20000) -> dict[str, float]:
+def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
     """distcompat's own per-call cost: the backend call is replaced by a no-op on both sides.
 
     The no-op replaces the ProcessGroup methods that torch's functions call (``allreduce``,
@@ -134,13 +134,16 @@ def _wrapper_cost(calls: int = 20000) -> dict[str, float]:
     ``all_gather_single``, which that missed, so a real all-gather was timed (377 us).
 
     End-to-end timings of tiny collectives vary by tens of microseconds between round trips on
-    a shared 2-core box, which hides a few microseconds of Python; this isolates them.
+    a shared 2-core box, which hides a few microseconds of Python; this isolates them. Blocks of
+    ``calls / rounds`` calls alternate between the two sides; the median difference is reported.
     """
     t, out, inp = torch.ones(1), torch.empty(2), torch.ones(2)
     pg_type = type(tdist.group.WORLD)
     methods = ("allreduce", "broadcast", "all_to_all_single", "alltoall_base",
                "all_gather_single", "_allgather_base")  # fmt: skip
-    real = {name: getattr(pg_type, name) for name in methods if hasattr(pg_type, name)}
+    # the class's own entries (pybind's method descriptors): getattr() would hand back
+    # functions that no longer bind ``self`` once set back on the class
+    real = {name: vars(pg_type)[name] for name in methods if name in vars(pg_type)}
     done = _DoneWork()
     pairs: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
         "all_reduce": (lambda: dc.all_reduce(t), lambda: tdist.all_reduce(t)),
@@ -159,14 +162,18 @@ def _wrapper_cost(calls: int = 20000) -> dict[str, float]:
         for name in real:
             setattr(pg_type, name, lambda *args, **kwargs: done)
         for name, (ours, raw) in pairs.items():
-            elapsed = []
-            for fn in (ours, raw):
-                fn()
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn()
-                elapsed.append(time.perf_counter() - start)
-            cost[name] = (elapsed[0] - elapsed[1]) / calls * 1e6
+            ours(), raw()
+            block = calls // rounds
+            differences = []
+            for index in range(rounds):  # interleaved blocks, the order alternating
+                elapsed = {}
+                for fn in (ours, raw) if index % 2 == 0 else (raw, ours):
+                    start = time.perf_counter()
+                    for _ in range(block):
+                        fn()
+                    elapsed[fn] = time.perf_counter() - start
+                differences.append((elapsed[ours] - elapsed[raw]) / block * 1e6)
+            cost[name] = _pct(differences, 0.5)
     finally:
         for name, fn in real.items():
             setattr(pg_type, name, fn)

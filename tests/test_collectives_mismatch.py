@@ -31,6 +31,11 @@ def _disagree(kind: str, fresh: bool) -> tuple[str, float]:
                 dist.all_reduce(torch.ones(width))
             else:
                 dist.broadcast(torch.ones(width), src=0)
+        elif kind == "reduce_op":
+            op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX
+            dist.all_reduce(torch.ones(width), op=op)
+        elif kind == "root":
+            dist.broadcast(torch.ones(width), src=0 if rank == 0 else 1)
         message = "no error"
     except CollectiveMismatchError as exc:
         message = str(exc)
@@ -47,6 +52,8 @@ def _disagree(kind: str, fresh: bool) -> tuple[str, float]:
         ("shape", ["shape=[{w}]", "shape=[{w1}]"]),
         ("dtype", ["dtype=torch.float32", "dtype=torch.float64"]),
         ("op", ["all_reduce, dtype=torch.float32", "broadcast, dtype=torch.float32"]),
+        ("reduce_op", ["reduce_op=SUM", "reduce_op=MAX"]),
+        ("root", ["root=0", "root=1"]),
     ],
 )
 def test_mismatch_raises_on_every_rank_by_default(

@@ -3,9 +3,10 @@
 ``torch.distributed.all_reduce`` is Python around ``ProcessGroup.allreduce``: torch-function
 dispatch, argument checks, an options object. On 2 gloo ranks sharing 2 cores, a tiny call made
 right after a barrier spends about 10 us there (benchmarks/README.md), twice distcompat's budget
-for its own per-call cost. For the common case, ``all_reduce``, ``broadcast`` and
-``all_to_all_single`` first try the functions here, which do the mismatch check's bookkeeping and
-call the ProcessGroup method the wrapper would call, with the same options::
+for its own per-call cost. For the common case, ``all_reduce``, ``broadcast``,
+``all_to_all_single`` and ``all_gather_into_tensor`` first try the functions here, which do the
+mismatch check's bookkeeping and call the ProcessGroup method the wrapper would call, with the
+same options::
 
     done = allreduce(tensor, op, group, async_op)
     if done is not SKIP:
@@ -34,7 +35,7 @@ from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE
 from distcompat.collectives._work import CompatWork
 
-__all__ = ["SKIP", "allreduce", "alltoall", "broadcast"]
+__all__ = ["SKIP", "allgather", "allreduce", "alltoall", "broadcast"]
 
 _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 #: ReduceOps every backend does natively on REDUCE_NATIVE dtypes: sent as they are.
@@ -199,3 +200,32 @@ def alltoall(
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
     return _complete("all_to_all_single", work, group, [output], async_op)
+
+
+def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool) -> Outcome:
+    """``pg.all_gather_single`` for 1-d tensors, as ``dist.all_gather_single`` calls it.
+
+    Only where the ProcessGroup has that method (torch 2.13; older releases name it privately,
+    and those take the general path).
+    """
+    pg, state = _state(group)
+    if (
+        state is None
+        or input.dim() != 1
+        or output.dim() != 1
+        or input.dtype != output.dtype
+        or input.dtype not in MOVE_NATIVE
+        or not _plain(input)
+        or not _plain(output)
+    ):
+        return SKIP
+    gather = getattr(pg, "all_gather_single", None)
+    if gather is None:
+        return SKIP
+    sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
+    _agree.record(state, sig, group)
+    try:
+        work = gather(output, input)  # default options: asyncOp True, as everywhere here
+    except RuntimeError as exc:
+        raise_typed(exc, "all_gather_into_tensor", group)
+    return _complete("all_gather_into_tensor", work, group, [output], async_op)
