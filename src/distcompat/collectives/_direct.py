@@ -51,26 +51,26 @@ SKIP = _Skip.SKIP
 Outcome = CompatWork | None | Literal[_Skip.SKIP]
 
 
-def _plain(tensor: torch.Tensor) -> bool:
-    """Return whether ``tensor`` is a plain dense CPU tensor that torch would not dispatch."""
-    return (
-        type(tensor) is torch.Tensor
-        and tensor.is_cpu
-        and tensor.is_contiguous()
-        and not has_torch_function((tensor,))
-    )
-
-
-def _state(group: Any) -> tuple[Any, Any]:
+def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
     """Return ``(process group, its record)``; the record is None off the common case.
 
-    Off the common case: a group not looked up last, or checked mode, a diagnostics hook or
-    capability-probe results installed (each could change what is sent).
+    Off the common case: a group not looked up last; checked mode, a diagnostics hook or
+    capability-probe results installed (each could change what is sent); a tensor that is not a
+    plain dense CPU tensor of a dtype moved natively, or that torch would dispatch elsewhere.
     """
     pg = group if group is not None else dist.GroupMember.WORLD
     last = _agree.last
     if last is None or last[0]() is not pg or _checked._active or _probed._any:
         return pg, None
+    for tensor in tensors:
+        if (
+            type(tensor) is not torch.Tensor
+            or tensor.dtype not in MOVE_NATIVE
+            or not tensor.is_cpu
+            or not tensor.is_contiguous()
+            or has_torch_function((tensor,))
+        ):
+            return pg, None
     return pg, last[1]
 
 
@@ -86,25 +86,6 @@ def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
         _agree.wait_answering(work, group)  # re-raises at once if the op failed
     except RuntimeError as failed:
         raise_typed(failed, op, group)
-
-
-def _complete(
-    op: str, work: Any, group: Any, result: list[torch.Tensor], async_op: bool
-) -> CompatWork | None:
-    """Hand back the op's handle, or wait for it (answering peers' questions, see ``_agree``)."""
-    try:
-        if async_op:
-            return CompatWork.from_work(work, group, result, None, op=op)
-        if not _agree.listening:
-            work.wait()
-            return None
-        try:
-            work.wait(_agree.POLL)
-        except RuntimeError:  # not done within one slice, or failed: the general wait sorts it
-            _agree.wait_answering(work, group)
-    except RuntimeError as exc:  # inline, not typed_errors(): this is the hot path
-        raise_typed(exc, op, group)
-    return None
 
 
 def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outcome:
@@ -150,25 +131,25 @@ def broadcast(
     tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
 ) -> Outcome:
     """``pg.broadcast`` as ``dist.broadcast`` calls it (``src`` on the default group only)."""
-    pg, state = _state(group)
+    pg, state = _ready(group, tensor)
     root = group_src if group_src is not None else src if group is None else None
-    if (
-        state is None
-        or root is None
-        or not 0 <= root < state.world
-        or tensor.dtype not in MOVE_NATIVE
-        or not _plain(tensor)
-    ):
+    if state is None or root is None or not 0 <= root < state.world:
         return SKIP
-    _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
+    if state.store is not None:
+        _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
     opts.rootTensor = 0
+    work: Any = None
     try:
         work = pg.broadcast([tensor], opts)
+        if not async_op:
+            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            return None
     except RuntimeError as exc:
-        raise_typed(exc, "broadcast", group)
-    return _complete("broadcast", work, group, [tensor], async_op)
+        _recover(exc, "broadcast", work, group)
+        return None
+    return CompatWork.from_work(work, group, [tensor], None, op="broadcast")
 
 
 @functools.cache
@@ -181,25 +162,23 @@ def alltoall(
     output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool, even: bool
 ) -> Outcome:
     """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it."""
-    pg, state = _state(group)
-    if (
-        state is None
-        or not even
-        or input.dim() == 0
-        or input.dtype != output.dtype
-        or input.dtype not in MOVE_NATIVE
-        or not _plain(input)
-        or not _plain(output)
-    ):
+    pg, state = _ready(group, input, output)
+    if state is None or not even or input.dim() == 0 or input.dtype != output.dtype:
         return SKIP
-    sig = ("all_to_all_single", input.dtype, input.shape[1:], None, None)
-    _agree.record(state, sig, group)
+    if state.store is not None:
+        sig = ("all_to_all_single", input.dtype, input.shape[1:], None, None)
+        _agree.record(state, sig, group)
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    work: Any = None
     try:
         work = exchange(output, input, [], [], dist.AllToAllOptions())
+        if not async_op:
+            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            return None
     except RuntimeError as exc:
-        raise_typed(exc, "all_to_all_single", group)
-    return _complete("all_to_all_single", work, group, [output], async_op)
+        _recover(exc, "all_to_all_single", work, group)
+        return None
+    return CompatWork.from_work(work, group, [output], None, op="all_to_all_single")
 
 
 def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool) -> Outcome:
@@ -208,24 +187,22 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     Only where the ProcessGroup has that method (torch 2.13; older releases name it privately,
     and those take the general path).
     """
-    pg, state = _state(group)
-    if (
-        state is None
-        or input.dim() != 1
-        or output.dim() != 1
-        or input.dtype != output.dtype
-        or input.dtype not in MOVE_NATIVE
-        or not _plain(input)
-        or not _plain(output)
-    ):
+    pg, state = _ready(group, input, output)
+    if state is None or input.dim() != 1 or output.dim() != 1 or input.dtype != output.dtype:
         return SKIP
     gather = getattr(pg, "all_gather_single", None)
     if gather is None:
         return SKIP
-    sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
-    _agree.record(state, sig, group)
+    if state.store is not None:
+        sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
+        _agree.record(state, sig, group)
+    work: Any = None
     try:
         work = gather(output, input)  # default options: asyncOp True, as everywhere here
+        if not async_op:
+            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            return None
     except RuntimeError as exc:
-        raise_typed(exc, "all_gather_into_tensor", group)
-    return _complete("all_gather_into_tensor", work, group, [output], async_op)
+        _recover(exc, "all_gather_into_tensor", work, group)
+        return None
+    return CompatWork.from_work(work, group, [output], None, op="all_gather_into_tensor")
