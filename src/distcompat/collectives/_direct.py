@@ -188,7 +188,13 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     and those take the general path).
     """
     pg, state = _ready(group, input, output)
-    if state is None or input.dim() != 1 or output.dim() != 1 or input.dtype != output.dtype:
+    if (
+        state is None
+        or input.dim() != 1
+        or output.dim() != 1
+        or input.dtype != output.dtype
+        or output.numel() != state.world * input.numel()  # the general path says what is wrong
+    ):
         return SKIP
     gather = getattr(pg, "all_gather_single", None)
     if gather is None:

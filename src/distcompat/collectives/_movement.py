@@ -197,6 +197,9 @@ def all_gather_into_tensor(
         >>> out
         tensor([[1., 1., 1.]])
     """
+    done = _direct.allgather(output_tensor, input_tensor, group, async_op)  # the common case?
+    if done is not _direct.SKIP:
+        return done
     world_size = group_size(group)
     if output_tensor.numel() != world_size * input_tensor.numel():
         raise ValueError(
@@ -206,9 +209,6 @@ def all_gather_into_tensor(
     if world_size == 1:
         output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
         return done_if_async([output_tensor], async_op)
-    done = _direct.allgather(output_tensor, input_tensor, group, async_op)  # the common case?
-    if done is not _direct.SKIP:
-        return done
     verify("all_gather_into_tensor", input_tensor, group)
     wire, copy_back = stage_output(output_tensor, reduce=False)
     source = stage_input(input_tensor, reduce=False)
