@@ -1,8 +1,9 @@
 """The default mismatch check on real gloo groups: no setting, no SIGABRT, an error on every rank.
 
-Each rank function first makes an agreed call, so a rank whose call is already agreed is inside
-the backend call when its peer checks a new signature (the harder case); the call after the
-mismatch shows the group is still usable.
+Each rank function runs on a group of its own (the pool's group carries earlier tests' calls)
+and first makes agreed calls, so that a rank whose call is already agreed is inside the backend
+call when its peer checks a new one (the harder case); the call after the mismatch shows the
+group is still usable.
 """
 
 from __future__ import annotations
@@ -18,30 +19,57 @@ from distcompat.testing import run_on_ranks
 
 def _disagree(kind: str, fresh: bool) -> tuple[str, float]:
     rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(ranks=list(range(world)))
     width = 16 if fresh else 4  # 16: a shape no earlier call used, so every rank checks
-    dist.all_reduce(torch.ones(4))  # agreed on every rank
+    for _ in range(3):  # agreed on every rank, also as the step after itself
+        dist.all_reduce(torch.ones(4), group=group)
     try:
         if kind == "shape":
-            dist.all_reduce(torch.ones(width if rank == 0 else width + 1))
+            dist.all_reduce(torch.ones(width if rank == 0 else width + 1), group=group)
         elif kind == "dtype":
             dtype = torch.float32 if rank == 0 else torch.float64
-            dist.all_reduce(torch.ones(width, dtype=dtype))
+            dist.all_reduce(torch.ones(width, dtype=dtype), group=group)
         elif kind == "op":
             if rank == 0:
-                dist.all_reduce(torch.ones(width))
+                dist.all_reduce(torch.ones(width), group=group)
             else:
-                dist.broadcast(torch.ones(width), src=0)
+                dist.broadcast(torch.ones(width), group=group, group_src=0)
         elif kind == "reduce_op":
             op = dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX
-            dist.all_reduce(torch.ones(width), op=op)
+            dist.all_reduce(torch.ones(width), op=op, group=group)
         elif kind == "root":
-            dist.broadcast(torch.ones(width), src=0 if rank == 0 else 1)
+            dist.broadcast(torch.ones(width), group=group, group_src=0 if rank == 0 else 1)
         message = "no error"
     except CollectiveMismatchError as exc:
         message = str(exc)
     after = torch.ones(2)
-    dist.all_reduce(after)  # the group still works
+    dist.all_reduce(after, group=group)  # the group still works
+    dist.destroy_process_group(group)
     return message, after.sum().item() / (2 * world)
+
+
+def _reordered() -> str:
+    """Two signatures both agreed before, called in a different order on the two sides."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(ranks=list(range(world)))
+    bucket_a, bucket_b = torch.ones(8), torch.ones(12)
+    for _ in range(2):  # a training loop's steps: a then b
+        dist.all_reduce(bucket_a, group=group)
+        dist.all_reduce(bucket_b, group=group)
+    try:
+        dist.all_reduce(bucket_a if rank == 0 else bucket_b, group=group)
+        message = "no error"
+    except CollectiveMismatchError as exc:
+        message = str(exc)
+    dist.all_reduce(torch.ones(2), group=group)
+    dist.destroy_process_group(group)
+    return message
+
+
+def test_agreed_signatures_in_a_different_order_are_caught() -> None:
+    for message in run_on_ranks(_reordered, 2, timeout=60):
+        assert "shape=[8]" in message, message
+        assert "shape=[12]" in message, message
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

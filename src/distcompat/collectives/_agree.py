@@ -7,14 +7,17 @@ collective in the common case::
 
     dist.all_reduce(torch.ones(4 if rank == 0 else 5))   # CollectiveMismatchError on every rank
 
-How: each rank numbers its collectives per group and keeps the signatures (op, dtype, shape,
-ReduceOp, root) the ranks have already agreed on. A call whose signature is agreed goes straight
-to the backend (a set lookup). A call with a new signature is *checked*: the rank posts it to the
+How: each rank numbers its collectives per group and keeps the *steps* the ranks have already
+agreed on: a call's signature (op, dtype, shape, ReduceOp, root) together with the signature of
+the call before it. A call whose step is agreed goes straight to the backend (a set lookup); a
+training loop repeats its steps. A new step is *checked*: the rank posts its signature to the
 group's rendezvous store under its call number and waits for every rank's post for that number.
-Ranks that agree remember the signature; ranks that do not raise :class:`CollectiveMismatchError`
-naming each rank's signature, before anything is sent.
+Ranks that agree remember the step; ranks that do not raise :class:`CollectiveMismatchError`
+naming each rank's signature, before anything is sent. Keying by the previous call as well
+catches ranks that make two different calls both already seen (two gradient buckets in a
+different order); it misses them only if both followed that same call before.
 
-A peer whose own signature was already agreed does not check: it is inside the backend call. A
+A peer whose own step was already agreed does not check: it is inside the backend call. A
 rank blocked in a distcompat collective looks every ``POLL_S`` seconds for a peer's question
 (:func:`answer`) and posts what it is doing under the asked number, so both sides see the
 mismatch and raise. The checking rank then joins the peer's pending call with zeros where it can
@@ -67,7 +70,7 @@ POLL_S = 0.5
 POLL = timedelta(seconds=POLL_S)
 #: Longest pause between two looks at the store while waiting for the other ranks' posts.
 _MAX_PAUSE_S = 0.02
-#: Signatures remembered per group; beyond this the set starts again (every rank at the same call).
+#: Steps remembered per group; beyond this the set starts again (every rank at the same call).
 _MAX_AGREED = 4096
 #: Recent signatures kept per group, to answer a question about a call already made.
 _HISTORY = 256
@@ -91,7 +94,8 @@ class _State:
     world: int
     wait_s: float = _DEFAULT_WAIT_S
     seq: int = 0
-    agreed: set[Any] = field(default_factory=set)
+    agreed: set[Any] = field(default_factory=set)  # (previous signature, signature) steps
+    previous: Any = None  # the signature of the last call
     history: list[Any] = field(default_factory=lambda: [None] * _HISTORY)
     posted: set[int] = field(default_factory=set)  # call numbers this rank posted for
     open: set[int] = field(default_factory=set)  # answered, still waiting for every post
@@ -192,8 +196,13 @@ def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
     seq = state.seq
     state.seq = seq + 1
     state.history[seq % _HISTORY] = sig
-    if sig not in state.agreed:
+    step = (state.previous, sig)
+    state.previous = sig
+    if step not in state.agreed:
         _check(state, seq, sig, group)
+        if len(state.agreed) >= _MAX_AGREED:
+            state.agreed.clear()
+        state.agreed.add(step)  # reached only when every rank agreed
 
 
 def _text(sig: tuple[Any, ...] | None) -> str:
@@ -223,7 +232,6 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     if seq == 0:
         store.set(f"ask/{state.rank}", "0")  # set before any peer can read it (after this call)
         if _codes_agree(state, sig, group):
-            state.agreed.add(sig)
             state.posted.add(seq)
             return
     store.set(f"ask/{state.rank}", str(seq))
@@ -247,9 +255,6 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
         pause = min(pause * 2, _MAX_PAUSE_S)
     posts = [value.decode() for value in store.multi_get(keys)]
     if all(post.split("|", 1)[1] == posts[0].split("|", 1)[1] for post in posts):
-        if len(state.agreed) >= _MAX_AGREED:
-            state.agreed.clear()
-        state.agreed.add(sig)
         return
     _join_pending(posts, group)
     raise _mismatch(sig[0], seq, posts)
@@ -334,13 +339,17 @@ def wait_answering(work: Any, group: Any) -> None:
 def _join_pending(posts: list[str], group: Any) -> None:
     """Join the call the ranks that answered are inside, with zeros, so it completes for them.
 
-    Done for the plain cases only (default group, dtypes moved natively, a ReduceOp that is sent
-    as it is); elsewhere their call stays pending and the group should be recreated.
+    Done for the plain cases only (dtypes moved natively, a ReduceOp that is sent as it is, a
+    root only on the default group); elsewhere their call stays pending and the group should be
+    recreated.
     """
     inside = {post.split("|", 1)[1] for post in posts if post.startswith("in|")}
-    if len(inside) != 1 or group not in (None, dist.group.WORLD):
+    if len(inside) != 1:
         return
-    call = _rebuild(inside.pop(), group)
+    text = inside.pop()
+    if "root=" in text and group not in (None, dist.group.WORLD):
+        return  # a root may be a global or a group rank: not told apart here
+    call = _rebuild(text, group)
     if call is None:
         return
     global _joining

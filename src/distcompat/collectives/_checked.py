@@ -11,12 +11,14 @@ so a disagreement raises :class:`CollectiveMismatchError` on every rank, describ
 
 A rank that never arrives (a collective inside ``if rank == 0:``) is caught by a bounded wait on
 the fingerprint exchange. The cost is one extra tiny all_gather per collective (about 0.3-0.6 ms
-on gloo here); use it while debugging, not in production runs.
+on gloo here); use it while debugging, not in production runs. Outside it, the default check
+(``_agree``) compares only the calls whose signature is new on the group.
 
 :func:`verify` is also the single pre-call hook of every distcompat collective: while
 :mod:`distcompat.diagnostics` has a watchdog or a single-rank region active it installs
 ``pre_call`` (history record, single-rank check) and ``watch`` (bounded waits in ``issue()`` and
-``CompatWork.wait()``). With nothing enabled the hook costs one module-global lookup.
+``CompatWork.wait()``). With nothing installed the hook costs one module-global lookup plus the
+default check's bookkeeping; the common calls skip it and do that bookkeeping in ``_direct``.
 """
 
 from __future__ import annotations
