@@ -94,8 +94,8 @@ class _State:
     world: int
     wait_s: float = _DEFAULT_WAIT_S
     seq: int = 0
-    agreed: set[Any] = field(default_factory=set)  # (previous signature, signature) steps
-    previous: Any = None  # the signature of the last call
+    agreed: set[Any] = field(default_factory=set)  # steps: (previous code, code), see record()
+    previous: int = 0  # the last call's signature code (this process's hash of it)
     history: list[Any] = field(default_factory=lambda: [None] * _HISTORY)
     posted: set[int] = field(default_factory=set)  # call numbers this rank posted for
     open: set[int] = field(default_factory=set)  # answered, still waiting for every post
@@ -196,8 +196,9 @@ def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
     seq = state.seq
     state.seq = seq + 1
     state.history[seq % _HISTORY] = sig
-    step = (state.previous, sig)
-    state.previous = sig
+    code = hash(sig)  # a step is keyed by the two codes: hashing nested signatures costs more
+    step = (state.previous, code)
+    state.previous = code
     if step not in state.agreed:
         _check(state, seq, sig, group)
         if len(state.agreed) >= _MAX_AGREED:
