@@ -121,6 +121,11 @@ def test_errors_propagate_through_then_and_wait() -> None:
 
 def _wait_with_timeout() -> str:
     rank = dist.get_rank()
+    # A step new on the group is first agreed by every rank (the default mismatch check), which
+    # waits for the late rank; these calls make the one below an agreed step (the same call
+    # after itself).
+    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1))
     if rank == 1:
         import time
 
@@ -157,6 +162,13 @@ def _survivor_sees(fault: str, record: str) -> None:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(ranks=list(range(world)), timeout=timedelta(seconds=2))
+    # The steps below are agreed before the fault (barrier, then all_reduce, then all_reduce), so
+    # the fault meets the collective itself, not the default mismatch check's comparison through
+    # the store, which notices only a dead peer on this machine (docs/collectives.md).
+    for _ in range(2):
+        dist.barrier(group=group)
+        dist.all_reduce(torch.ones(1 << 16), group=group)
+        dist.all_reduce(torch.ones(1 << 16), group=group)
     dist.barrier(group=group)
     if rank == world - 1:
         time.sleep(0.3)  # let the others enter the collective first

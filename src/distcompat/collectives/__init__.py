@@ -14,14 +14,18 @@ What every function here guarantees, on gloo as on NCCL:
   where the backend lacks them; complex moves and sums everywhere; dtypes a backend cannot carry
   move as bytes and reduce through an upcast; anything with no correct emulation raises
   :class:`UnsupportedCollectiveError` instead of returning garbage;
-* at world size 1, or with no process group, each op is the identity and needs no group.
+* at world size 1, or with no process group, each op is the identity and needs no group;
+* ranks that disagree about a call (shape, dtype, op, ReduceOp, root) get
+  :class:`CollectiveMismatchError` on every rank instead of a SIGABRT or a hang, by default on
+  groups distcompat created (``DISTCOMPAT_MISMATCH_CHECK=off`` or :func:`unchecked` turn it off;
+  :func:`checked` compares every call).
 
 ``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
 
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
-from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked
+from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked, unchecked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._explain import CollectivePlan, explain_collective
@@ -96,4 +100,5 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "send",
+    "unchecked",
 ]

@@ -11,12 +11,14 @@ so a disagreement raises :class:`CollectiveMismatchError` on every rank, describ
 
 A rank that never arrives (a collective inside ``if rank == 0:``) is caught by a bounded wait on
 the fingerprint exchange. The cost is one extra tiny all_gather per collective (about 0.3-0.6 ms
-on gloo here); use it while debugging, not in production runs.
+on gloo here); use it while debugging, not in production runs. Outside it, the default check
+(``_agree``) compares only the calls whose signature is new on the group.
 
 :func:`verify` is also the single pre-call hook of every distcompat collective: while
 :mod:`distcompat.diagnostics` has a watchdog or a single-rank region active it installs
 ``pre_call`` (history record, single-rank check) and ``watch`` (bounded waits in ``issue()`` and
-``CompatWork.wait()``). With nothing enabled the hook costs one module-global lookup.
+``CompatWork.wait()``). With nothing installed the hook costs one module-global lookup plus the
+default check's bookkeeping; the common calls skip it and do that bookkeeping in ``_direct``.
 """
 
 from __future__ import annotations
@@ -30,9 +32,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _agree
+from distcompat.collectives._agree import unchecked
+from distcompat.collectives._errors import CollectiveMismatchError
 from distcompat.collectives._native import all_gather_flat
 
-__all__ = ["CollectiveMismatchError", "PreCall", "checked", "is_checked", "set_hooks", "verify"]
+__all__ = [
+    "CollectiveMismatchError",
+    "PreCall",
+    "checked",
+    "is_checked",
+    "set_hooks",
+    "unchecked",
+    "verify",
+]
 
 _FIELDS = ("seq", "op", "reduce_op", "root", "dtype", "numel", "shape")
 _OPS = (
@@ -48,7 +61,7 @@ PreCall = Callable[[str, "torch.Tensor | None", Any, Any, "int | None"], None]
 _pre_call: PreCall | None = None
 #: The active watchdog (``distcompat.diagnostics``), read by ``issue()`` and ``CompatWork.wait()``.
 watch: Any = None
-#: ``_enabled or _pre_call is not None``: the one flag verify() reads when nothing is enabled.
+#: ``_enabled or _pre_call or watch``: the one flag verify() reads when nothing is enabled.
 _active = False
 
 
@@ -56,11 +69,7 @@ def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
     """Install (or, with None, remove) the diagnostics pre-call hook and watchdog."""
     global _pre_call, watch, _active
     _pre_call, watch = pre_call, watcher
-    _active = _enabled or pre_call is not None
-
-
-class CollectiveMismatchError(ValueError):
-    """Ranks called different collectives (or the same one with different arguments)."""
+    _active = _enabled or pre_call is not None or watcher is not None
 
 
 @contextlib.contextmanager
@@ -77,12 +86,12 @@ def checked(enabled: bool = True, *, timeout: float = 60.0) -> Iterator[None]:
     global _enabled, _wait_s, _active
     previous = (_enabled, _wait_s)
     _enabled, _wait_s = enabled, timeout
-    _active = _enabled or _pre_call is not None
+    _active = _enabled or _pre_call is not None or watch is not None
     try:
         yield
     finally:
         _enabled, _wait_s = previous
-        _active = _enabled or _pre_call is not None
+        _active = _enabled or _pre_call is not None or watch is not None
 
 
 def is_checked() -> bool:
@@ -122,12 +131,18 @@ def verify(
     in_splits: Sequence[int] | None = None,
     out_splits: Sequence[int] | None = None,
 ) -> None:
-    """Run the pre-call hooks: diagnostics (if installed), then checked mode's fingerprint check."""
+    """Run the pre-call hooks: diagnostics (if installed), then a mismatch check.
+
+    The check is checked mode's fingerprint exchange inside :func:`checked`, else the default
+    one (``_agree``: only calls whose signature is new on the group are compared).
+    """
     if not _active:
+        _agree.agree(op, tensor, group, reduce_op, root)
         return
     if _pre_call is not None:
         _pre_call(op, tensor, group, reduce_op, root)
     if not _enabled:
+        _agree.agree(op, tensor, group, reduce_op, root)
         return
     world = dist.get_world_size(group)
     key = group if group is not None else dist.group.WORLD

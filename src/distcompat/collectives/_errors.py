@@ -27,6 +27,7 @@ from distcompat.collectives._peers import lost_peers, stopped_peers
 
 __all__ = [
     "CollectiveError",
+    "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "PeerLostError",
     "raise_typed",
@@ -49,6 +50,10 @@ class CollectiveError(RuntimeError):
         self.op = op
         self.peer = peer
         self.peers = peers or (() if peer is None else (peer,))
+
+
+class CollectiveMismatchError(ValueError):
+    """Ranks called different collectives (or the same one with different arguments)."""
 
 
 class PeerLostError(CollectiveError, ConnectionError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from distcompat.collectives import _checked
+from distcompat.collectives import _agree, _checked
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import Finish
 from distcompat.collectives._work import CompatWork
@@ -37,7 +37,10 @@ def issue(
     try:
         if not async_op:
             if watcher is None:
-                call(False)
+                if _agree.listening:  # bounded slices: a peer may ask what this rank is doing
+                    _agree.wait_answering(call(True), group)
+                else:
+                    call(False)
             else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
                 watcher.wait_sync(call(True), op, group)
             if finish is not None:

@@ -15,6 +15,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _direct
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
@@ -71,6 +72,9 @@ def broadcast(
         >>> t
         tensor([0., 1., 2., 3.])
     """
+    done = _direct.broadcast(tensor, src, group, async_op, group_src)  # the common case?
+    if done is not _direct.SKIP:
+        return done
     if group_size(group) == 1:
         return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
@@ -193,6 +197,9 @@ def all_gather_into_tensor(
         >>> out
         tensor([[1., 1., 1.]])
     """
+    done = _direct.allgather(output_tensor, input_tensor, group, async_op)  # the common case?
+    if done is not _direct.SKIP:
+        return done
     world_size = group_size(group)
     if output_tensor.numel() != world_size * input_tensor.numel():
         raise ValueError(
@@ -204,8 +211,10 @@ def all_gather_into_tensor(
         return done_if_async([output_tensor], async_op)
     verify("all_gather_into_tensor", input_tensor, group)
     wire, copy_back = stage_output(output_tensor, reduce=False)
-    source = stage_input(input_tensor, reduce=False).reshape(-1)
-    out_flat = wire.view(-1)
+    source = stage_input(input_tensor, reduce=False)
+    # Flat views only where needed: each view costs 1-3 us, the op's whole Python budget.
+    source = source if source.dim() == 1 else source.reshape(-1)
+    out_flat = wire if wire.dim() == 1 else wire.view(-1)
     return issue(
         "all_gather_into_tensor",
         lambda a: all_gather_flat(out_flat, source, group=group, async_op=a),

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._group import global_rank
 
-__all__ = ["Identity", "lost_peers", "publish", "stopped_peers"]
+__all__ = ["Identity", "gone_peers", "lost_peers", "publish", "stopped_peers"]
 
 _KEY = "distcompat/peer/rank{}"
 _ADDRESS = re.compile(r"\[([0-9a-fA-F:.]+)\]:\d+")
@@ -195,6 +195,19 @@ def lost_peers(group: Any, message: str) -> tuple[int, ...]:
         return ()
     remote = [rank for rank, peer in peers.items() if match.group(1) in peer.addrs]
     return tuple(remote) if len(remote) == 1 else ()
+
+
+def gone_peers(group: Any) -> tuple[int, ...]:
+    """Return the global ranks of ``group`` on this machine whose process has ended (no wait).
+
+    Example:
+        >>> gone_peers(None)
+        ()
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return ()
+    local = _on_this_machine(_identities(group))
+    return tuple(sorted(rank for rank, peer in local.items() if _dead(peer)))
 
 
 def stopped_peers(group: Any) -> tuple[int, ...]:

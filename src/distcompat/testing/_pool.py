@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import pickle
 import shutil
+import sys
 import tempfile
 import time
 from collections import OrderedDict
@@ -31,6 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
+from distcompat.testing._startup import StderrTail, check_main_guard, startup_hint
 from distcompat.testing._worker import STACK_SIGNAL, worker_main
 
 __all__ = ["RankFailedError", "RankTimeoutError", "WorkerPool", "get_pool", "shutdown_pools"]
@@ -96,6 +98,8 @@ class _Rank:
     process: BaseProcess
     conn: Connection
     stack_path: Path
+    stderr: StderrTail
+    started: bool = False  # the process said "ready": it got past spawn's re-import of main
 
 
 class WorkerPool:
@@ -111,6 +115,7 @@ class WorkerPool:
         self.ranks: list[_Rank] = []
         ctx = mp.get_context("spawn")
         saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
+        self._stderr = os.dup(2)  # where the ranks' stderr is copied to, as it arrives
         try:
             for rank in range(world_size):
                 ours, theirs = ctx.Pipe()
@@ -127,9 +132,9 @@ class WorkerPool:
                     name=f"distcompat-rank{rank}",
                     daemon=True,
                 )
-                process.start()
+                tail = _start_capturing_stderr(process, self._stderr)
                 theirs.close()
-                self.ranks.append(_Rank(rank, process, ours, stack_path))
+                self.ranks.append(_Rank(rank, process, ours, stack_path, tail))
         except BaseException:
             self.close(kill=True)
             raise
@@ -149,9 +154,11 @@ class WorkerPool:
         try:
             message = pickle.dumps(("run", task_id, fn, args, kwargs, self._reset_group))
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            what = "its arguments are" if _picklable(fn) else f"the function {fn!r} is"
             raise TypeError(
-                f"run_on_ranks needs a picklable function and arguments (a module-level function, "
-                f"not a lambda or a closure): {exc}"
+                f"run_on_ranks needs a picklable function and arguments, and {what} not: {exc}. "
+                "Pass a function defined at module level (not a lambda, a closure or a nested "
+                "function), and arguments pickle can copy"
             ) from exc
         self._reset_group = False
         for rank in self.ranks:
@@ -180,8 +187,11 @@ class WorkerPool:
             by_conn = {self.ranks[r].conn: r for r in pending}
             for conn in wait(list(by_conn), timeout=left):
                 rank = by_conn[conn]  # type: ignore[index]
-                pending.discard(rank)
                 reply = self._receive(rank)
+                if reply[0] == "ready":
+                    self.ranks[rank].started = True
+                    continue
+                pending.discard(rank)
                 if reply[0] == "ok" and reply[1] == task_id:
                     values[rank] = reply[2]
                 else:
@@ -197,8 +207,18 @@ class WorkerPool:
         except (EOFError, OSError):
             slot.process.join(timeout=1.0)
             code = slot.process.exitcode
-            summary = f"the rank process died (exit code {code})"
-            return ("err", -1, None, summary, "(no traceback: the process ended)\n")
+            stderr = slot.stderr.text()
+            if slot.started:
+                summary = f"the rank process died (exit code {code})"
+            else:
+                summary = (
+                    f"the rank process died while starting (exit code {code}), before it could "
+                    f"run anything: {startup_hint(stderr)}"
+                )
+            shown = "(no traceback: the process ended)\n"
+            if stderr.strip():
+                shown = f"(the process ended; its stderr ends with:)\n{stderr}"
+            return ("err", -1, None, summary, shown)
         except Exception as exc:  # the value arrived but cannot be rebuilt here
             return ("err", -1, None, f"its result could not be unpickled: {exc!r}", "")
 
@@ -248,8 +268,39 @@ class WorkerPool:
                 rank.process.kill()
             rank.process.join(timeout=5.0)
             rank.conn.close()
+            rank.stderr.text()  # let the copy reach the pipe's end before its target closes
         self.ranks = []
         shutil.rmtree(self._dir, ignore_errors=True)
+        if self._stderr >= 0:
+            os.close(self._stderr)
+            self._stderr = -1
+
+
+def _start_capturing_stderr(process: BaseProcess, copy_to: int) -> StderrTail:
+    """Start ``process`` with a pipe as its stderr (fd 2 is inherited at spawn); copy it on.
+
+    Our own fd 2 points at the pipe only while the process starts; anything this process writes
+    to stderr meanwhile is copied on like the rank's own output.
+    """
+    read_fd, write_fd = os.pipe()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        os.dup2(write_fd, 2)
+        process.start()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(write_fd)
+    return StderrTail(read_fd, copy_to)
+
+
+def _picklable(value: Any) -> bool:
+    try:
+        pickle.dumps(value)
+    except Exception:
+        return False
+    return True
 
 
 _pools: OrderedDict[tuple[int, str], WorkerPool] = OrderedDict()
@@ -267,6 +318,7 @@ def get_pool(world_size: int, backend: str, group_timeout_s: float) -> WorkerPoo
     if pool is not None:
         pool.close(kill=True)
         del _pools[key]
+    check_main_guard()  # a script without the guard would start ranks from every rank
     while len(_pools) >= _MAX_POOLS:
         _, oldest = _pools.popitem(last=False)
         oldest.close()

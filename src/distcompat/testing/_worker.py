@@ -23,6 +23,8 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from distcompat.testing._startup import load_hint
+
 __all__ = ["STACK_SIGNAL", "worker_main"]
 
 #: Signal the parent sends to a rank it is about to kill, so the rank dumps its Python stacks.
@@ -75,6 +77,7 @@ def _serve(conn: Connection, backend: str, group_timeout_s: float, parent: int) 
 
     from distcompat.process_group import destroy_distributed
 
+    conn.send_bytes(pickle.dumps(("ready",)))  # past spawn's re-import of the main script
     try:
         _loop(conn, backend, group_timeout_s, parent)
     finally:
@@ -101,7 +104,8 @@ def _loop(conn: Connection, backend: str, group_timeout_s: float, parent: int) -
         except EOFError:
             return
         except Exception as exc:  # the task could not be unpickled here (e.g. import error)
-            conn.send_bytes(pickle.dumps(_error_reply(-1, exc)))
+            failed = _error_reply(-1, exc)
+            conn.send_bytes(pickle.dumps((*failed[:3], load_hint(exc), failed[4])))
             continue
         if message[0] == "stop":
             return
