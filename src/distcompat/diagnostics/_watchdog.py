@@ -40,7 +40,8 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import side_store
-from distcompat.collectives._errors import PeerLostError, translate
+from distcompat.collectives import _agree
+from distcompat.collectives._errors import CollectiveMismatchError, PeerLostError, translate
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import Action, WatchdogConfig
@@ -177,7 +178,12 @@ class Watchdog:
         self._recorder.begin(op, tensor, group, reduce_op, root)
 
     def wait_sync(self, work: Any, op: str, group: Any) -> None:
-        """Wait for a synchronous collective's ``work`` with the watchdog timeout."""
+        """Wait for a synchronous collective's ``work`` with the watchdog timeout.
+
+        While the default mismatch check listens (``collectives._agree``), the wait runs in
+        ``POLL_S`` slices and answers peers' questions between them, so a peer that called a
+        different collective gets its ``CollectiveMismatchError`` here too, not a timeout.
+        """
         key = id(work)
         raw = self._recorder.issued(key)
         if work is None or raw is None:
@@ -185,22 +191,38 @@ class Watchdog:
                 work.wait()
             return
         started = time.monotonic()
-        try:
-            work.wait(timeout=self._timeout)
-        except RuntimeError as exc:
-            if time.monotonic() - started < self.config.timeout * 0.99:
+        deadline = started + self.config.timeout
+        while True:
+            left = deadline - time.monotonic()
+            piece = min(left, _agree.POLL_S) if _agree.listening else left
+            begun = time.monotonic()
+            try:
+                work.wait(timeout=timedelta(seconds=max(piece, 0.001)))
+                break
+            except RuntimeError as exc:
+                if time.monotonic() - begun < piece * 0.99:
+                    self._recorder.abandon(key)
+                    self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
+                    raise
+            if time.monotonic() >= deadline:
+                self._hung(to_record(raw), started, op)  # raises HangError unless "report"
+                self._wait_on(work, op, group)  # action="report": keep waiting, as torch would
+                break
+            try:
+                _agree.answer(group)  # a peer may be asking what this rank called
+            except CollectiveMismatchError:
                 self._recorder.abandon(key)
-                self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
                 raise
-            self._hung(to_record(raw), started, op)  # raises HangError unless action="report"
-            self._wait_on(work, op)  # action="report": keep waiting, as torch would
         self._recorder.finished(key)
 
     @staticmethod
-    def _wait_on(work: Any, op: str) -> None:
+    def _wait_on(work: Any, op: str, group: Any) -> None:
         """Wait without a bound (the group timeout ends it); a failure is noted for the exit."""
         try:
-            work.wait()
+            if _agree.listening:
+                _agree.wait_answering(work, group)
+            else:
+                work.wait()
         except RuntimeError:
             note_failure(f"{op}: the group timeout, after a reported hang")
             raise
