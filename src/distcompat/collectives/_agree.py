@@ -33,7 +33,7 @@ import os
 import time
 import weakref
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -42,7 +42,12 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import recorded, side_store
-from distcompat.collectives._errors import CollectiveMismatchError, PeerLostError, raise_typed
+from distcompat.collectives._errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerLostError,
+    raise_typed,
+)
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._peers import gone_peers
 from distcompat.collectives._probed import probed_for
@@ -83,6 +88,10 @@ _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 
 #: True once some group has a store to check through: issue() then waits in POLL_S slices.
 listening = False
+#: Called every ``POLL_S`` while this rank waits for its peers' posts, with the op and the wait's
+#: monotonic start: the watchdog's check (set by ``_checked.set_hooks``), so a rank stuck outside
+#: any collective is reported while its peer waits here as it would be inside the collective.
+on_wait: Callable[[str, float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -244,13 +253,18 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     while not store.check(keys):  # polled: a store.wait that times out logs a C++ warning
         now = time.monotonic()
         if now - started > state.wait_s:
-            raise CollectiveMismatchError(
+            raise CollectiveTimeoutError(
                 f"{sig[0]} (call #{seq} on this group): not every rank reached it within "
-                f"{state.wait_s:g}s (a collective only some ranks call, or a rank stuck elsewhere)"
+                f"{state.wait_s:g}s, the group's timeout (a collective only some ranks call, or "
+                "a rank stuck elsewhere)",
+                op=sig[0],
+                peer=None,
             )
         if now - asked_at > POLL_S:  # meanwhile, peers may be asking about an earlier call
             answer(group)
             _raise_if_gone(sig[0], group)
+            if on_wait is not None:
+                on_wait(sig[0], started)  # the watchdog: may report, or raise HangError
             asked_at = now
         time.sleep(pause)
         pause = min(pause * 2, _MAX_PAUSE_S)

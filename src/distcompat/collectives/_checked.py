@@ -70,6 +70,7 @@ def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
     global _pre_call, watch, _active
     _pre_call, watch = pre_call, watcher
     _active = _enabled or pre_call is not None or watcher is not None
+    _agree.on_wait = None if watcher is None else watcher.agreement_wait
 
 
 @contextlib.contextmanager

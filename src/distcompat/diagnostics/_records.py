@@ -183,6 +183,11 @@ class Recorder:
         self.open[key] = (raw, time.monotonic())  # one dict store: atomic under the GIL
         return raw
 
+    def restore(self, key: int, raw: Raw) -> None:
+        """Undo :meth:`issued`: ``raw`` is this thread's pending record again, not in flight."""
+        self.open.pop(key, None)
+        self._local.pending = raw
+
     def finished(self, key: int) -> None:
         """Mark the op issued under ``key`` as completed."""
         entry = self.open.pop(key, None)

@@ -74,7 +74,7 @@ class Watchdog:
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
         self.last_report: HangReport | None = None
-        self._timeout = timedelta(seconds=config.timeout)
+        self._agreement_started: float | None = None  # the agreement wait already reported
         self._recorder = Recorder(config.history)
         self._channel: SideChannel | None = None
         self._channel_reason = ""
@@ -214,6 +214,25 @@ class Watchdog:
                 self._recorder.abandon(key)
                 raise
         self._recorder.finished(key)
+
+    def agreement_wait(self, op: str, started: float) -> None:
+        """Treat the default mismatch check's wait for peers' posts as a hang once it is too long.
+
+        Called by ``collectives._agree`` every ``POLL_S`` of that wait (``started`` is its
+        monotonic start). The call is shown in flight while the report is made, then pending
+        again, since it has not been issued yet; one report per wait.
+        """
+        if time.monotonic() - started < self.config.timeout or self._agreement_started == started:
+            return
+        self._agreement_started = started
+        key = id(self)  # no work exists yet: a key no real op uses while this wait lasts
+        raw = self._recorder.issued(key)
+        if raw is None:
+            return
+        try:
+            self._hung(to_record(raw), started, op)  # raises HangError unless only reporting
+        finally:
+            self._recorder.restore(key, raw)
 
     @staticmethod
     def _wait_on(work: Any, op: str, group: Any) -> None:
