@@ -117,6 +117,11 @@ _joining = False
 _suspended = False
 
 
+def answering() -> bool:
+    """Return whether a waiting rank should answer peers' questions (the default check is on)."""
+    return listening and not _suspended
+
+
 @contextlib.contextmanager
 def unchecked() -> Iterator[None]:
     """Turn the default mismatch check off inside the block; every rank must do the same.

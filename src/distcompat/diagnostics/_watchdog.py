@@ -194,17 +194,18 @@ class Watchdog:
         deadline = started + self.config.timeout
         while True:
             left = deadline - time.monotonic()
-            piece = min(left, _agree.POLL_S) if _agree.listening else left
+            slicing = _agree.answering() and left > _agree.POLL_S  # else: the last piece
+            piece = _agree.POLL_S if slicing else max(left, 0.001)
             begun = time.monotonic()
             try:
-                work.wait(timeout=timedelta(seconds=max(piece, 0.001)))
+                work.wait(timeout=timedelta(seconds=piece))
                 break
             except RuntimeError as exc:
                 if time.monotonic() - begun < piece * 0.99:
                     self._recorder.abandon(key)
                     self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
                     raise
-            if time.monotonic() >= deadline:
+            if not slicing:
                 self._hung(to_record(raw), started, op)  # raises HangError unless "report"
                 self._wait_on(work, op, group)  # action="report": keep waiting, as torch would
                 break
@@ -238,7 +239,7 @@ class Watchdog:
     def _wait_on(work: Any, op: str, group: Any) -> None:
         """Wait without a bound (the group timeout ends it); a failure is noted for the exit."""
         try:
-            if _agree.listening:
+            if _agree.answering():
                 _agree.wait_answering(work, group)
             else:
                 work.wait()
