@@ -150,7 +150,7 @@ def build(session: nox.Session) -> None:
         quickstart.write_text(readme_quickstart(Path(__file__).parent / "README.md"))
         torchrun = str(bin_dir / "torchrun")
         said = _output(session, torchrun, "--standalone", "--nproc-per-node=2", str(quickstart))
-        if "2 ranks on gloo: sum of ranks = 1.0" not in said:
+        if "group of 2 ranks" not in said or "sum of ranks = 1.0" not in said:
             session.error("the README quickstart did not report 2 ranks summing to 1.0")
         session.run(distcompat, "doctor", external=True)
 

@@ -139,11 +139,16 @@ def unchecked() -> Iterator[None]:
 
 
 def _enabled_by_env() -> bool:
-    """Read ``DISTCOMPAT_MISMATCH_CHECK`` (unset, on, 1: on; off, 0: off)."""
-    value = os.environ.get(ENV_VAR, "on").strip().lower()
-    if value in ("", "on", "1", "true", "yes"):
+    """Read ``DISTCOMPAT_MISMATCH_CHECK`` (on, 1: on; unset, off, 0: off).
+
+    Off by default for now: under a network partition the check's store reads block for the
+    store's timeout and the job does not end with its typed error in time (measured by the
+    launchers session's partition fault); it is turned on by default once that is fixed.
+    """
+    value = os.environ.get(ENV_VAR, "off").strip().lower()
+    if value in ("on", "1", "true", "yes"):
         return True
-    if value in ("off", "0", "false", "no"):
+    if value in ("", "off", "0", "false", "no"):
         return False
     raise ValueError(f"{ENV_VAR}={value!r}: expected 'on' or 'off' (or 1 / 0)")
 

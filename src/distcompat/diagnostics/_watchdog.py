@@ -192,9 +192,10 @@ class Watchdog:
             return
         started = time.monotonic()
         deadline = started + self.config.timeout
+        answering = _agree.answering()
         while True:
             left = deadline - time.monotonic()
-            slicing = _agree.answering() and left > _agree.POLL_S  # else: the last piece
+            slicing = answering and left > _agree.POLL_S  # else: the last piece
             piece = _agree.POLL_S if slicing else max(left, 0.001)
             begun = time.monotonic()
             try:
@@ -214,6 +215,11 @@ class Watchdog:
             except CollectiveMismatchError:
                 self._recorder.abandon(key)
                 raise
+            except RuntimeError:
+                # The store is out of reach (a network partition; measured: a read blocks for
+                # the store's timeout, then raises). Stop answering and wait for the op itself,
+                # whose own timeout gives the typed error; a short outage heals unseen.
+                answering = False
         self._recorder.finished(key)
 
     def agreement_wait(self, op: str, started: float) -> None:
