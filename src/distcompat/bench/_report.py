@@ -11,11 +11,11 @@ rank starts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from distcompat._extras import MissingExtraError, require
 from distcompat._files import atomic_write_bytes
 from distcompat.bench._stats import BenchRow, format_bytes
 
@@ -31,10 +31,6 @@ PATH = (
 )
 
 
-class MissingExtraError(ImportError):
-    """matplotlib is not installed; the message names the extra that brings it."""
-
-
 def require_matplotlib() -> None:
     """Raise :class:`MissingExtraError` unless matplotlib can be imported.
 
@@ -47,11 +43,7 @@ def require_matplotlib() -> None:
         ...     True
         True
     """
-    if importlib.util.find_spec("matplotlib") is None:
-        raise MissingExtraError(
-            "--plot draws with matplotlib, which is not installed: "
-            f"pip install 'distcompat[{EXTRA}]' (or run without --plot)"
-        )
+    require("matplotlib", extra=EXTRA, feature="--plot draws", without="--plot")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

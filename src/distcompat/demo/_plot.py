@@ -8,17 +8,14 @@ The two lines the CLI writes::
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from distcompat._extras import MissingExtraError, require
 
 __all__ = ["EXTRA", "MissingExtraError", "plot_scaling", "require_matplotlib"]
 
 #: The pip extra that brings matplotlib for the plot.
 EXTRA = "demo"
-
-
-class MissingExtraError(ImportError):
-    """An optional dependency is not installed; the message names the extra that brings it."""
 
 
 def require_matplotlib() -> None:
@@ -33,11 +30,7 @@ def require_matplotlib() -> None:
         ...     True
         True
     """
-    if importlib.util.find_spec("matplotlib") is None:
-        raise MissingExtraError(
-            "--sweep draws scaling.png with matplotlib, which is not installed: "
-            f"pip install 'distcompat[{EXTRA}]' (or run without --sweep)"
-        )
+    require("matplotlib", extra=EXTRA, feature="--sweep draws scaling.png", without="--sweep")
 
 
 def plot_scaling(points: list[tuple[int, float]], path: Path) -> Path:
