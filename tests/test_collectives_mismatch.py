@@ -8,8 +8,6 @@ group is still usable.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -21,7 +19,6 @@ from distcompat.testing import run_on_ranks
 
 def _disagree(kind: str, fresh: bool) -> tuple[str, float]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    os.environ[ENV_VAR] = "on"  # opt-in for now (see _agree._enabled_by_env)
     group = dist.new_group(ranks=list(range(world)))
     width = 16 if fresh else 4  # 16: a shape no earlier call used, so every rank checks
     for _ in range(3):  # agreed on every rank, also as the step after itself
@@ -54,7 +51,6 @@ def _disagree(kind: str, fresh: bool) -> tuple[str, float]:
 def _reordered() -> str:
     """Two signatures both agreed before, called in a different order on the two sides."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    os.environ[ENV_VAR] = "on"  # opt-in for now (see _agree._enabled_by_env)
     group = dist.new_group(ranks=list(range(world)))
     bucket_a, bucket_b = torch.ones(8), torch.ones(12)
     for _ in range(2):  # a training loop's steps: a then b
@@ -123,7 +119,7 @@ def test_agreeing_calls_are_unchanged(world_size: int) -> None:
 
 
 @pytest.mark.parametrize(
-    ("value", "on"), [(None, False), ("on", True), ("1", True), ("off", False), ("0", False)]
+    ("value", "on"), [(None, True), ("on", True), ("1", True), ("off", False), ("0", False)]
 )
 def test_env_switch(value: str | None, on: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Env parsing only (a unit test: no processes)."""

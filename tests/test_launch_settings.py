@@ -1,4 +1,7 @@
-"""``DISTCOMPAT_WATCHDOG`` and the watchdog choice (environments are dicts, read by no process)."""
+"""``DISTCOMPAT_WATCHDOG``, ``DISTCOMPAT_MISMATCH_CHECK`` and the choices made from them.
+
+Environments are dicts here, read by no process (unit tests of the parsing).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import pytest
 
 from distcompat import LaunchEnvError
 from distcompat.cli._doctor import collect_report
-from distcompat.launch._settings import DEFAULT_WATCHDOG_S, choose_watchdog
+from distcompat.launch._settings import DEFAULT_WATCHDOG_S, choose_mismatch_check, choose_watchdog
 
 TEN_MIN = timedelta(minutes=10)
 
@@ -83,3 +86,29 @@ def test_doctor_says_which_watchdog_and_refuses_a_bad_variable() -> None:
     bad = collect_report(device="cpu", environ=torchrun | {"DISTCOMPAT_WATCHDOG": "soon"})
     assert not bad.ok
     assert "DISTCOMPAT_WATCHDOG='soon'" in bad.problems[0]
+    assert report.mismatch_reason.startswith("on: distcompat's default")
+    assert "[rank 0] mismatch check: on: distcompat's default" in report.to_text()
+    assert single.mismatch_reason == "none needed: single process (on if it were launched)"
+    off = collect_report(device="cpu", environ=torchrun | {"DISTCOMPAT_MISMATCH_CHECK": "off"})
+    assert off.mismatch_reason == "off: DISTCOMPAT_MISMATCH_CHECK=off"
+    worse = collect_report(device="cpu", environ=torchrun | {"DISTCOMPAT_MISMATCH_CHECK": "x"})
+    assert not worse.ok
+    assert "DISTCOMPAT_MISMATCH_CHECK='x'" in worse.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("text", "on"),
+    [(None, True), ("", True), ("on", True), ("1", True), ("off", False), (" OFF ", False)],
+)
+def test_mismatch_check_is_on_unless_turned_off(text: str | None, on: bool) -> None:
+    environ = {} if text is None else {"DISTCOMPAT_MISMATCH_CHECK": text}
+    choice = choose_mismatch_check(environ=environ)
+    assert choice.on is on
+    assert choice.reason.startswith("on: " if on else "off: ")
+    if not text or not text.strip():
+        assert "distcompat's default" in choice.reason
+
+
+def test_mismatch_check_refuses_other_values() -> None:
+    with pytest.raises(LaunchEnvError, match="DISTCOMPAT_MISMATCH_CHECK='maybe'"):
+        choose_mismatch_check(environ={"DISTCOMPAT_MISMATCH_CHECK": "maybe"})

@@ -180,6 +180,7 @@ def _init_says_what_it_made() -> dict[str, Any]:
             "summary": info.summary,
             "launcher": info.launcher,
             "watchdog_reason": info.watchdog_reason,
+            "mismatch_reason": info.mismatch_reason,
             "action": None if watch is None else watch.config.action,
         }
         compute_cleanup()
@@ -200,6 +201,7 @@ def test_compute_init_says_once_on_rank_zero_which_group_it_made() -> None:
         assert got["action"] == "report"
         assert got["watchdog_reason"].startswith("report-only after 120s: distcompat's default")
         assert got["watchdog_reason"].endswith("covers all ranks, through the rendezvous store")
+        assert got["mismatch_reason"].startswith("on: distcompat's default")
 
 
 def test_a_single_process_reads_well() -> None:
@@ -207,6 +209,8 @@ def test_a_single_process_reads_well() -> None:
     info = distcompat.init_distributed(device="cpu")
     try:
         assert info.summary == "one process on cpu, no process group (no launcher)"
-        assert info.reason.splitlines()[-1] == "watchdog: none: one process, no collective to watch"
+        lines = info.reason.splitlines()
+        assert lines[-2] == "watchdog: none: one process, no collective to watch"
+        assert lines[-1] == "mismatch check: none: one process, no collective to compare"
     finally:
         distcompat.destroy_distributed()

@@ -72,6 +72,7 @@ class DistInfo:
     exported: tuple[str, ...] = ()
     environ_reason: str = ""
     watchdog_reason: str = ""
+    mismatch_reason: str = ""
 
     @property
     def is_main_process(self) -> bool:
@@ -80,7 +81,7 @@ class DistInfo:
 
     @property
     def reason(self) -> str:
-        """One line per choice (device, backend, timeout, environment set, watchdog) and why."""
+        """One line per choice (device, backend, timeout, environ, watchdog, mismatch check)."""
         lines = [
             f"device: {self.device_reason}",
             f"backend: {self.backend_reason}",
@@ -90,6 +91,8 @@ class DistInfo:
             lines.append(f"environ: {self.environ_reason}")
         if self.watchdog_reason:
             lines.append(f"watchdog: {self.watchdog_reason}")
+        if self.mismatch_reason:
+            lines.append(f"mismatch check: {self.mismatch_reason}")
         return "\n".join(lines)
 
     @property

@@ -22,7 +22,7 @@ from distcompat.launch._placement import (
     resolve_device,
 )
 from distcompat.launch._rules import LaunchEnvError as SettingError
-from distcompat.launch._settings import choose_watchdog
+from distcompat.launch._settings import choose_mismatch_check, choose_watchdog
 
 __all__ = ["DoctorReport", "collect_report"]
 
@@ -41,6 +41,7 @@ class DoctorReport:
     problems: tuple[str, ...]
     pitfalls: tuple[str, ...] = ()
     watchdog_reason: str = ""
+    mismatch_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -63,6 +64,7 @@ class DoctorReport:
             f"backend: {self.backend or '-'}  ({self.backend_reason})",
             f"timeout: {self.timeout_reason}",
             f"watchdog: {self.watchdog_reason}",
+            f"mismatch check: {self.mismatch_reason}",
             f"torch {self.host.torch_version}; collective backends built in: "
             f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
             f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
@@ -93,6 +95,7 @@ class DoctorReport:
                 "backend_reason": self.backend_reason,
                 "timeout_reason": self.timeout_reason,
                 "watchdog_reason": self.watchdog_reason,
+                "mismatch_reason": self.mismatch_reason,
                 "torch_version": self.host.torch_version,
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
@@ -154,8 +157,14 @@ def collect_report(
     except SettingError as exc:
         problems.append(str(exc))
         watch = f"failed: {exc}"
+    try:
+        mismatch = choose_mismatch_check(environ).reason
+    except SettingError as exc:
+        problems.append(str(exc))
+        mismatch = f"failed: {exc}"
     if env is not None and not env.is_distributed:
         watch = f"none needed: single process ({watch.split(':')[0]} if it were launched)"
+        mismatch = f"none needed: single process ({mismatch.split(':')[0]} if it were launched)"
     return DoctorReport(
         env=env,
         host=host,
@@ -167,4 +176,5 @@ def collect_report(
         problems=tuple(problems),
         pitfalls=tuple(pitfalls),
         watchdog_reason=watch,
+        mismatch_reason=mismatch,
     )

@@ -16,10 +16,9 @@ What every function here guarantees, on gloo as on NCCL:
   :class:`UnsupportedCollectiveError` instead of returning garbage;
 * at world size 1, or with no process group, each op is the identity and needs no group;
 * ranks that disagree about a call (shape, dtype, op, ReduceOp, root) get
-  :class:`CollectiveMismatchError` on every rank instead of a SIGABRT or a hang, on groups
-  distcompat created, with ``DISTCOMPAT_MISMATCH_CHECK=on`` (opt-in for now, see
-  docs/collectives.md; :func:`unchecked` turns it off for a block; :func:`checked` compares
-  every call).
+  :class:`CollectiveMismatchError` on every rank instead of a SIGABRT or a hang, by default on
+  groups distcompat created (``DISTCOMPAT_MISMATCH_CHECK=off`` or :func:`unchecked` turn it off;
+  :func:`checked` compares every call).
 
 ``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).

@@ -29,7 +29,6 @@ this off; :func:`distcompat.collectives.checked` is the strict mode that checks 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import weakref
 import zlib
@@ -42,22 +41,27 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import recorded, side_store
+from distcompat.collectives._agree_posts import (
+    ROWS_VARY,
+    mismatch_error,
+    rebuild_call,
+    signature_text,
+)
+from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._errors import (
-    CollectiveMismatchError,
     CollectiveTimeoutError,
     PeerLostError,
     raise_typed,
 )
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._peers import gone_peers
-from distcompat.collectives._probed import probed_for
-from distcompat.collectives._reduce_ops import plan_fast
-from distcompat.collectives._wire import MOVE_NATIVE
+from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
 
 __all__ = [
     "ENV_VAR",
     "POLL",
     "POLL_S",
+    "StoreUnreachable",
     "agree",
     "answer",
     "last",
@@ -68,7 +72,7 @@ __all__ = [
     "wait_answering",
 ]
 
-ENV_VAR = "DISTCOMPAT_MISMATCH_CHECK"
+ENV_VAR = MISMATCH_VARIABLE
 #: How often a rank blocked in a collective looks for a peer's question (seconds).
 POLL_S = 0.5
 #: The same as a timedelta, for ``Work.wait``.
@@ -81,8 +85,6 @@ _MAX_AGREED = 4096
 _HISTORY = 256
 #: The wait for every rank's post when the group's own timeout is unknown (an adopted group).
 _DEFAULT_WAIT_S = 1800.0
-#: Ops whose row count may legitimately differ between ranks (uneven splits).
-_ROWS_VARY = frozenset({"all_to_all_single", "all_to_all"})
 
 _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 
@@ -98,7 +100,7 @@ on_wait: Callable[[str, float], None] | None = None
 class _State:
     """One group's agreement record (the same on every rank while the ranks agree)."""
 
-    store: Any  # a PrefixStore, or None: this group is not checked by default
+    store: QuickStore | None  # None: this group is not checked by default
     rank: int
     world: int
     wait_s: float = _DEFAULT_WAIT_S
@@ -139,18 +141,8 @@ def unchecked() -> Iterator[None]:
 
 
 def _enabled_by_env() -> bool:
-    """Read ``DISTCOMPAT_MISMATCH_CHECK`` (on, 1: on; unset, off, 0: off).
-
-    Off by default for now: under a network partition the check's store reads block for the
-    store's timeout and the job does not end with its typed error in time (measured by the
-    launchers session's partition fault); it is turned on by default once that is fixed.
-    """
-    value = os.environ.get(ENV_VAR, "off").strip().lower()
-    if value in ("on", "1", "true", "yes"):
-        return True
-    if value in ("", "off", "0", "false", "no"):
-        return False
-    raise ValueError(f"{ENV_VAR}={value!r}: expected 'on' or 'off' (or 1 / 0)")
+    """Read ``DISTCOMPAT_MISMATCH_CHECK`` (unset, on, 1: on; off, 0: off), in launch's settings."""
+    return choose_mismatch_check().on
 
 
 def _new_state(key: Any) -> _State:
@@ -166,7 +158,7 @@ def _new_state(key: Any) -> _State:
     wait_s = info.timeout.total_seconds() if info is not None and info.timeout else _DEFAULT_WAIT_S
     listening = True
     return _State(
-        store=dist.PrefixStore(f"{prefix}/agree/{name}", store),
+        store=QuickStore(dist.PrefixStore(f"{prefix}/agree/{name}", store)),
         rank=rank,
         world=world,
         wait_s=wait_s,
@@ -203,7 +195,7 @@ def agree(
     if tensor is None:
         sig: tuple[Any, ...] = (op, None, None, reduce_op, root)
     else:
-        shape = tensor.shape[1:] if op in _ROWS_VARY else tensor.shape
+        shape = tensor.shape[1:] if op in ROWS_VARY else tensor.shape
         sig = (op, tensor.dtype, shape, reduce_op, root)
     record(state, sig, group)
 
@@ -225,69 +217,84 @@ def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
         state.agreed.add(step)  # reached only when every rank agreed
 
 
-def _text(sig: tuple[Any, ...] | None) -> str:
-    """Return a signature as readable text (what the error shows for each rank)."""
-    if sig is None:
-        return "(unknown: too long ago)"
-    op, dtype, shape, reduce_op, root = sig
-    parts = [op]
-    if dtype is not None:
-        rows = "rows x " if op in _ROWS_VARY else ""
-        parts += [f"dtype={dtype}", f"shape={rows}{list(shape)}"]
-    if reduce_op is not None:
-        parts.append(f"reduce_op={str(reduce_op).rsplit('.', 1)[-1]}")
-    if root is not None:
-        parts.append(f"root={root}")
-    return ", ".join(parts)
-
-
 def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     """Post ``sig`` for call ``seq``, wait for every rank's post, compare.
 
     The group's first call is checked by every rank (nothing is agreed yet), so it first
     compares a code of the signature with one tiny all-gather on the group itself, which notices
     a dead or stopped peer as any collective does; the texts are posted only on a disagreement.
+    A store that does not answer is asked again until the group's timeout, which then ends the
+    wait with :class:`CollectiveTimeoutError`.
     """
     store = state.store
-    if seq == 0:
-        store.set(f"ask/{state.rank}", "0")  # set before any peer can read it (after this call)
+    assert store is not None  # only checked groups get here
+    started = time.monotonic()
+    deadline = started + state.wait_s
+    if seq == 0:  # set before any peer can read it (after this call)
+        _retry(lambda: store.set(f"ask/{state.rank}", "0"), sig, seq, state, deadline)
         if _codes_agree(state, sig, group):
             state.posted.add(seq)
             return
-    store.set(f"ask/{state.rank}", str(seq))
-    store.set(f"s/{seq}/{state.rank}", "arrived|" + _text(sig))
+    post = "arrived|" + signature_text(sig)
+    _retry(lambda: store.set(f"ask/{state.rank}", str(seq)), sig, seq, state, deadline)
+    _retry(lambda: store.set(f"s/{seq}/{state.rank}", post), sig, seq, state, deadline)
     state.posted.add(seq)
     keys = [f"s/{seq}/{r}" for r in range(state.world)]
-    started = time.monotonic()
     asked_at, pause = started, 0.0005
-    while not store.check(keys):  # polled: a store.wait that times out logs a C++ warning
+    while True:  # polled: a store.wait that times out logs a C++ warning
+        try:
+            if store.check(keys):
+                break
+            reached = True
+        except StoreUnreachable:
+            reached = False
         now = time.monotonic()
-        if now - started > state.wait_s:
-            raise CollectiveTimeoutError(
-                f"{sig[0]} (call #{seq} on this group): not every rank reached it within "
-                f"{state.wait_s:g}s, the group's timeout (a collective only some ranks call, or "
-                "a rank stuck elsewhere)",
-                op=sig[0],
-                peer=None,
-            )
+        if now > deadline:
+            raise _late(sig, seq, state.wait_s, "" if reached else "; the store did not answer")
         if now - asked_at > POLL_S:  # meanwhile, peers may be asking about an earlier call
-            answer(group)
-            _raise_if_gone(sig[0], group)
+            if reached:
+                with contextlib.suppress(StoreUnreachable):
+                    answer(group)
+                _raise_if_gone(sig[0], group)
             if on_wait is not None:
                 on_wait(sig[0], started)  # the watchdog: may report, or raise HangError
             asked_at = now
         time.sleep(pause)
         pause = min(pause * 2, _MAX_PAUSE_S)
-    posts = [value.decode() for value in store.multi_get(keys)]
+    values: list[bytes] = _retry(lambda: store.multi_get(keys), sig, seq, state, deadline)
+    posts = [value.decode() for value in values]
     if all(post.split("|", 1)[1] == posts[0].split("|", 1)[1] for post in posts):
         return
     _join_pending(posts, group)
-    raise _mismatch(sig[0], seq, posts)
+    raise mismatch_error(sig[0], seq, posts)
+
+
+def _retry(
+    request: Callable[[], Any], sig: tuple[Any, ...], seq: int, state: _State, deadline: float
+) -> Any:
+    """Return ``request()``, asked again while the store does not answer, until ``deadline``."""
+    while True:
+        try:
+            return request()
+        except StoreUnreachable as exc:
+            if time.monotonic() > deadline:
+                raise _late(sig, seq, state.wait_s, f"; the store did not answer: {exc}") from exc
+            time.sleep(POLL_S)
+
+
+def _late(sig: tuple[Any, ...], seq: int, wait_s: float, why: str) -> CollectiveTimeoutError:
+    return CollectiveTimeoutError(
+        f"{sig[0]} (call #{seq} on this group): not every rank reached it within {wait_s:g}s, "
+        f"the group's timeout (a collective only some ranks call, or a rank stuck elsewhere"
+        f"{why})",
+        op=sig[0],
+        peer=None,
+    )
 
 
 def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any) -> bool:
     """Return whether every rank's signature code equals this rank's (one all-gather)."""
-    mine = torch.tensor([zlib.crc32(_text(sig).encode())], dtype=torch.int64)
+    mine = torch.tensor([zlib.crc32(signature_text(sig).encode())], dtype=torch.int64)
     codes = torch.empty(state.world, dtype=torch.int64)
     try:
         all_gather_flat(codes, mine, group=group)
@@ -309,21 +316,12 @@ def _raise_if_gone(op: str, group: Any) -> None:
         )
 
 
-def _mismatch(op: str, seq: int, posts: list[str]) -> CollectiveMismatchError:
-    lines = []
-    for rank, post in enumerate(posts):
-        kind, text = post.split("|", 1)
-        lines.append(f"  rank {rank}: {text}" + ("  (already inside it)" if kind == "in" else ""))
-    return CollectiveMismatchError(
-        f"{op} (call #{seq} on this group): ranks disagree:\n" + "\n".join(lines)
-    )
-
-
 def answer(group: Any) -> None:
     """Post what this rank did at every call a peer is asking about; raise on a disagreement.
 
     Called while this rank waits (in a collective, or for its own check). Never blocks for long:
-    one store round trip to read the questions, and one per question.
+    one store round trip to read the questions, and one per question, each given up after
+    ``_agree_store.TIMEOUT_S`` with :class:`StoreUnreachable`.
     """
     state = state_for(group)
     store = state.store
@@ -334,7 +332,7 @@ def answer(group: Any) -> None:
     for seq in sorted(asked - state.posted):
         if seq < state.seq:  # a call this rank already made (a later one is not ours to answer)
             sig = state.history[seq % _HISTORY] if seq > state.seq - _HISTORY else None
-            store.set(f"s/{seq}/{state.rank}", "in|" + _text(sig))
+            store.set(f"s/{seq}/{state.rank}", "in|" + signature_text(sig))
             state.posted.add(seq)
             state.open.add(seq)
     for seq in sorted(state.open):
@@ -345,11 +343,15 @@ def answer(group: Any) -> None:
         posts = [value.decode() for value in store.multi_get(keys)]
         if any(post.split("|", 1)[1] != posts[0].split("|", 1)[1] for post in posts):
             mine = posts[state.rank].split("|", 1)[1]
-            raise _mismatch(mine.split(",", 1)[0], seq, posts)
+            raise mismatch_error(mine.split(",", 1)[0], seq, posts)
 
 
 def wait_answering(work: Any, group: Any) -> None:
-    """Wait for a backend ``work``, answering peers' questions every ``POLL_S`` seconds."""
+    """Wait for a backend ``work``, answering peers' questions every ``POLL_S`` seconds.
+
+    If the store stops answering (a network partition), the rest of the wait is the op's own,
+    whose timeout then ends it with the backend's error; a short outage passes unseen.
+    """
     while True:
         started = time.monotonic()
         try:
@@ -358,7 +360,11 @@ def wait_answering(work: Any, group: Any) -> None:
         except RuntimeError:
             if time.monotonic() - started < POLL_S * 0.99:
                 raise  # not our slice running out: the op failed
-        answer(group)
+        try:
+            answer(group)
+        except StoreUnreachable:
+            work.wait()
+            return
 
 
 def _join_pending(posts: list[str], group: Any) -> None:
@@ -374,7 +380,7 @@ def _join_pending(posts: list[str], group: Any) -> None:
     text = inside.pop()
     if "root=" in text and group not in (None, dist.group.WORLD):
         return  # a root may be a global or a group rank: not told apart here
-    call = _rebuild(text, group)
+    call = rebuild_call(text, group)
     if call is None:
         return
     global _joining
@@ -385,34 +391,3 @@ def _join_pending(posts: list[str], group: Any) -> None:
         pass  # the peers' call failed anyway; they raise on their own
     finally:
         _joining = False
-
-
-_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
-
-
-def _rebuild(text: str, group: Any) -> Any:
-    """Return a raw call matching the signature ``text``, or None where none is safe to make."""
-    fields = dict(part.split("=", 1) for part in text.split(", ")[1:] if "=" in part)
-    op = text.split(", ", 1)[0]
-    if op == "barrier":
-        return lambda: dist.barrier(group=group)
-    dtype = _DTYPES.get(fields.get("dtype", ""))
-    shape = fields.get("shape", "")
-    if dtype not in MOVE_NATIVE or not shape.startswith("["):
-        return None
-    zeros = torch.zeros([int(n) for n in shape.strip("[]").split(",") if n.strip()], dtype=dtype)
-    root = int(fields["root"]) if "root" in fields else None
-    if op == "broadcast" and root is not None:
-        return lambda: dist.broadcast(zeros, src=root, group=group)
-    if op == "all_gather_into_tensor":
-        out = torch.empty(zeros.numel() * dist.get_world_size(group), dtype=dtype)
-        return lambda: all_gather_flat(out, zeros.reshape(-1), group=group)
-    if op in ("all_reduce", "reduce") and probed_for(group) is None:
-        plan = plan_fast(getattr(dist.ReduceOp, fields.get("reduce_op", "")), dtype)
-        if plan is None or plan.gather or plan.factor is not None:
-            return None
-        if op == "all_reduce":
-            return lambda: dist.all_reduce(zeros, op=plan.op, group=group)
-        if root is not None:
-            return lambda: dist.reduce(zeros, dst=root, op=plan.op, group=group)
-    return None

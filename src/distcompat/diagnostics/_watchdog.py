@@ -215,10 +215,9 @@ class Watchdog:
             except CollectiveMismatchError:
                 self._recorder.abandon(key)
                 raise
-            except RuntimeError:
-                # The store is out of reach (a network partition; measured: a read blocks for
-                # the store's timeout, then raises). Stop answering and wait for the op itself,
-                # whose own timeout gives the typed error; a short outage heals unseen.
+            except _agree.StoreUnreachable:
+                # A network partition: stop answering and wait for the op itself, whose own
+                # timeout gives the typed error; a short outage passes unseen.
                 answering = False
         self._recorder.finished(key)
 

@@ -9,6 +9,8 @@ does for the device and the timeout::
 
 * ``DISTCOMPAT_WATCHDOG``: ``<seconds>`` or ``off``. Sets the watchdog ``init_distributed`` starts
   when its ``watchdog=`` argument is left out; the watchdog then only reports (it never raises).
+* ``DISTCOMPAT_MISMATCH_CHECK``: ``on`` (the default) or ``off``. Whether ranks compare each new
+  collective signature before sending it (``distcompat.collectives``' default mismatch check).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
@@ -31,13 +33,24 @@ from typing import Literal
 
 from distcompat.launch._rules import LaunchEnvError
 
-__all__ = ["DEFAULT_WATCHDOG_S", "WATCHDOG_VARIABLE", "WatchdogChoice", "choose_watchdog"]
+__all__ = [
+    "DEFAULT_WATCHDOG_S",
+    "MISMATCH_VARIABLE",
+    "WATCHDOG_VARIABLE",
+    "MismatchChoice",
+    "WatchdogChoice",
+    "choose_mismatch_check",
+    "choose_watchdog",
+]
 
 #: Seconds a collective may wait before the default (report-only) watchdog reports it.
 DEFAULT_WATCHDOG_S = 120.0
 #: The variable that sets the default watchdog without code changes.
 WATCHDOG_VARIABLE = "DISTCOMPAT_WATCHDOG"
+#: The variable that turns the default mismatch check off (or on).
+MISMATCH_VARIABLE = "DISTCOMPAT_MISMATCH_CHECK"
 _OFF = ("off", "0", "false", "no", "none")
+_ON = ("on", "1", "true", "yes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,4 +144,49 @@ def choose_watchdog(
             f"report-only after {seconds:g}s: {why} (a stuck collective is reported and the job "
             f"goes on; {WATCHDOG_VARIABLE}=<seconds>|off or watchdog=<seconds> to raise)"
         ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MismatchChoice:
+    """Whether the default mismatch check runs on groups distcompat creates, and why.
+
+    Example:
+        >>> choose_mismatch_check(environ={}).on
+        True
+    """
+
+    on: bool
+    reason: str
+
+
+def choose_mismatch_check(environ: Mapping[str, str] | None = None) -> MismatchChoice:
+    """Decide whether ranks compare each new collective signature (``DISTCOMPAT_MISMATCH_CHECK``).
+
+    On unless the variable says ``off`` (or ``0``, ``false``, ``no``); any other value than those
+    and ``on`` (``1``, ``true``, ``yes``) raises :class:`LaunchEnvError`. ``environ`` defaults to
+    ``os.environ``.
+
+    Example:
+        >>> choose_mismatch_check(environ={"DISTCOMPAT_MISMATCH_CHECK": "off"}).reason
+        'off: DISTCOMPAT_MISMATCH_CHECK=off'
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(MISMATCH_VARIABLE)
+    if text is None or not text.strip():
+        return MismatchChoice(
+            on=True,
+            reason=(
+                "on: distcompat's default (ranks compare each new collective signature through "
+                f"the rendezvous store; {MISMATCH_VARIABLE}=off turns it off)"
+            ),
+        )
+    value = text.strip().lower()
+    if value in _ON:
+        return MismatchChoice(on=True, reason=f"on: {MISMATCH_VARIABLE}={text}")
+    if value in _OFF:
+        return MismatchChoice(on=False, reason=f"off: {MISMATCH_VARIABLE}={text}")
+    raise LaunchEnvError(
+        f"{MISMATCH_VARIABLE}={text!r}: expected 'on' or 'off' (or 1 / 0)",
+        variable=MISMATCH_VARIABLE,
     )

@@ -47,7 +47,7 @@ from distcompat.diagnostics import watchdog as make_watchdog
 from distcompat.diagnostics._exit import failure_seen, forget_failures
 from distcompat.diagnostics._exit import install as install_exit_guard
 from distcompat.launch import LaunchEnv
-from distcompat.launch._settings import WatchdogChoice, choose_watchdog
+from distcompat.launch._settings import WatchdogChoice, choose_mismatch_check, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
 from distcompat.process_group._environ import (
     EnvironWrites,
@@ -172,6 +172,7 @@ def init_distributed(
     info = export_torchrun_contract(info, launch, writes)
     record(info)
     started, info = _watch(info, choose_watchdog(watchdog, group_timeout=info.timeout))
+    info = replace(info, mismatch_reason=_mismatch_reason(info))
     record(info)
     if info.has_group:
         install_exit_guard()
@@ -189,6 +190,15 @@ def _watch(info: DistInfo, choice: WatchdogChoice) -> tuple[Watchdog | None, Dis
     started = make_watchdog(choice.seconds, action=choice.action).start()
     covers = started.why()
     return started, replace(info, watchdog_reason=f"{choice.reason}; covers {covers}")
+
+
+def _mismatch_reason(info: DistInfo) -> str:
+    """Say whether the default mismatch check covers this group, and why."""
+    if not info.has_group:
+        return "none: one process, no collective to compare"
+    if info.adopted:
+        return "off: the group was adopted, and its rendezvous store is not distcompat's to use"
+    return choose_mismatch_check().reason
 
 
 def destroy_distributed() -> None:

@@ -1,0 +1,98 @@
+"""What ranks post for the default mismatch check, and what is made of it.
+
+Each rank posts ``kind|text`` per checked call (``signature_text``: op, dtype, shape, ReduceOp,
+root); ``mismatch_error`` turns disagreeing posts into the error every rank raises. When the
+ranks that answered are already inside a backend call, the checking rank joins that call with
+zeros (``rebuild_call``), so it completes for them and the group stays usable. Only the plain
+cases are rebuilt: dtypes the backend moves natively, a ReduceOp that is sent as it is, a root::
+
+    call = rebuild_call("all_reduce, dtype=torch.float32, shape=[4], reduce_op=SUM", group)
+    if call is not None:
+        call()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._errors import CollectiveMismatchError
+from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._probed import probed_for
+from distcompat.collectives._reduce_ops import plan_fast
+from distcompat.collectives._wire import MOVE_NATIVE
+
+__all__ = ["ROWS_VARY", "mismatch_error", "rebuild_call", "signature_text"]
+
+#: Ops whose row count may legitimately differ between ranks (uneven splits).
+ROWS_VARY = frozenset({"all_to_all_single", "all_to_all"})
+
+
+def signature_text(sig: tuple[Any, ...] | None) -> str:
+    """Return a signature as readable text (what ranks post, and the error shows for each).
+
+    Example:
+        >>> signature_text(("all_reduce", torch.float32, torch.Size([4]), None, None))
+        'all_reduce, dtype=torch.float32, shape=[4]'
+    """
+    if sig is None:
+        return "(unknown: too long ago)"
+    op, dtype, shape, reduce_op, root = sig
+    parts = [op]
+    if dtype is not None:
+        rows = "rows x " if op in ROWS_VARY else ""
+        parts += [f"dtype={dtype}", f"shape={rows}{list(shape)}"]
+    if reduce_op is not None:
+        parts.append(f"reduce_op={str(reduce_op).rsplit('.', 1)[-1]}")
+    if root is not None:
+        parts.append(f"root={root}")
+    return ", ".join(parts)
+
+
+def mismatch_error(op: str, seq: int, posts: list[str]) -> CollectiveMismatchError:
+    """Return the error that names each rank's post for call ``seq`` (``kind|text`` each)."""
+    lines = []
+    for rank, post in enumerate(posts):
+        kind, text = post.split("|", 1)
+        lines.append(f"  rank {rank}: {text}" + ("  (already inside it)" if kind == "in" else ""))
+    return CollectiveMismatchError(
+        f"{op} (call #{seq} on this group): ranks disagree:\n" + "\n".join(lines)
+    )
+
+
+_DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
+
+
+def rebuild_call(text: str, group: Any) -> Callable[[], Any] | None:
+    """Return a raw call matching the signature ``text``, or None where none is safe to make.
+
+    Example:
+        >>> rebuild_call("all_reduce, dtype=torch.complex64, shape=[2], reduce_op=SUM", None)
+    """
+    fields = dict(part.split("=", 1) for part in text.split(", ")[1:] if "=" in part)
+    op = text.split(", ", 1)[0]
+    if op == "barrier":
+        return lambda: dist.barrier(group=group)
+    dtype = _DTYPES.get(fields.get("dtype", ""))
+    shape = fields.get("shape", "")
+    if dtype not in MOVE_NATIVE or not shape.startswith("["):
+        return None
+    zeros = torch.zeros([int(n) for n in shape.strip("[]").split(",") if n.strip()], dtype=dtype)
+    root = int(fields["root"]) if "root" in fields else None
+    if op == "broadcast" and root is not None:
+        return lambda: dist.broadcast(zeros, src=root, group=group)
+    if op == "all_gather_into_tensor":
+        out = torch.empty(zeros.numel() * dist.get_world_size(group), dtype=dtype)
+        return lambda: all_gather_flat(out, zeros.reshape(-1), group=group)
+    if op in ("all_reduce", "reduce") and probed_for(group) is None:
+        plan = plan_fast(getattr(dist.ReduceOp, fields.get("reduce_op", "")), dtype)
+        if plan is None or plan.gather or plan.factor is not None:
+            return None
+        if op == "all_reduce":
+            return lambda: dist.all_reduce(zeros, op=plan.op, group=group)
+        if root is not None:
+            return lambda: dist.reduce(zeros, dst=root, op=plan.op, group=group)
+    return None

@@ -1,0 +1,132 @@
+"""The mismatch check's requests to the rendezvous store, each bounded by a short timeout.
+
+The default mismatch check (``_agree``) talks to the group's rendezvous store while a rank waits
+in a collective. When the store's host cannot be reached (a network partition), a store request
+does not come back: measured on torch 2.13 against a stopped store server, ``check``, ``add``,
+``get`` and ``multi_get`` block with no end, and ``set_timeout`` bounds only a wait for a key,
+not the socket; even ``clone()`` blocks in its handshake. A rank whose main thread sat in such a
+request never reached its collective's timeout and typed error.
+
+So every request runs on one daemon thread of this process, over a connection of its own (a
+clone of the group's store, made on that thread), and the caller waits at most
+:data:`TIMEOUT_S` for the answer::
+
+    quick = QuickStore(store)          # store: the PrefixStore the check posts under
+    quick.check(["s/3/0", "s/3/1"])    # raises StoreUnreachable within TIMEOUT_S
+
+A request that does not come back in time leaves the thread blocked in it. Until it returns,
+every further request fails at once (one stuck thread at most, never one per request); when it
+does return, the connection is in step again and is used on; after an error it is replaced.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["TIMEOUT_S", "QuickStore", "StoreUnreachable"]
+
+#: How long one request of the check may wait for the store (seconds).
+TIMEOUT_S = 2.0
+
+
+class StoreUnreachable(RuntimeError):
+    """A request to the rendezvous store did not complete within :data:`TIMEOUT_S`."""
+
+
+@dataclass(slots=True)
+class _Request:
+    target: QuickStore
+    name: str
+    args: tuple[Any, ...]
+    done: threading.Event = field(default_factory=threading.Event)
+    value: Any = None
+    error: BaseException | None = None
+
+
+class _Worker:
+    """The thread that makes every store request of the check in this process, one at a time."""
+
+    def __init__(self) -> None:
+        self.requests: queue.SimpleQueue[_Request] = queue.SimpleQueue()
+        self.current: _Request | None = None  # the request on the thread now, if any
+        self.thread = threading.Thread(target=self._run, name="distcompat-agree-store", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            request = self.requests.get()
+            self.current = request
+            target = request.target
+            try:
+                if target._conn is None:
+                    target._conn = target._source.clone()
+                request.value = getattr(target._conn, request.name)(*request.args)
+            except Exception as exc:  # handed to the caller, which raises it as StoreUnreachable
+                request.error = exc
+                target._conn = None  # a failed connection is not trusted again: clone anew
+            finally:
+                self.current = None
+                request.done.set()
+
+
+_worker: _Worker | None = None
+_lock = threading.Lock()
+
+
+def _the_worker() -> _Worker:
+    global _worker
+    with _lock:
+        if _worker is None or not _worker.thread.is_alive():  # none yet, or lost in a fork
+            _worker = _Worker()
+        return _worker
+
+
+class QuickStore:
+    """The group's store, asked through the check's thread; no request waits past TIMEOUT_S.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> server = dist.TCPStore("127.0.0.1", 0, 1, True)
+        >>> quick = QuickStore(dist.PrefixStore("agree", server))
+        >>> quick.set("k", "v"); quick.multi_get(["k"])
+        [b'v']
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._source = store
+        self._conn: Any = None  # the clone; made and used on the worker thread only
+
+    def _request(self, name: str, *args: Any) -> Any:
+        worker = _the_worker()
+        stuck = worker.current  # a request given up on earlier, or another thread's
+        if stuck is not None and not stuck.done.wait(TIMEOUT_S):
+            raise StoreUnreachable(
+                f"the rendezvous store did not answer: an earlier {stuck.name} is still unanswered"
+            )
+        request = _Request(self, name, args)
+        worker.requests.put(request)
+        if not request.done.wait(TIMEOUT_S):
+            raise StoreUnreachable(
+                f"the rendezvous store did not answer {name} within {TIMEOUT_S:g}s"
+            )
+        if request.error is not None:
+            raise StoreUnreachable(
+                f"the rendezvous store did not answer {name}: {request.error}"
+            ) from request.error
+        return request.value
+
+    def set(self, key: str, value: str) -> None:
+        """Set ``key``; raise :class:`StoreUnreachable` if the store does not answer in time."""
+        self._request("set", key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        """Return whether every key exists (never waits for them to appear)."""
+        return bool(self._request("check", keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        """Return the values of ``keys``, which must exist (a missing one waits for the store)."""
+        values: list[bytes] = self._request("multi_get", keys)
+        return values

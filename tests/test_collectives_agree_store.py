@@ -1,0 +1,87 @@
+"""The mismatch check's store requests stay bounded when the store does not answer.
+
+A network partition is *simulated* here: the TCPStore server runs in a child process that the
+test stops with SIGSTOP, so its socket stays open and nothing answers (as when packets are
+dropped). The real partition, between two network-namespace nodes, is the launchers session's
+``partition`` fault.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from distcompat.collectives._agree_store import TIMEOUT_S, QuickStore, StoreUnreachable
+
+_SERVER = """
+import sys, time
+from datetime import timedelta
+import torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=600),
+                      wait_for_workers=False)
+store.set("agree/k", "1")
+print(store.port, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SERVER],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert child.stdout is not None
+    port = int(child.stdout.readline())
+    try:
+        yield child, port
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
+    server: tuple[subprocess.Popen[str], int],
+) -> None:
+    child, port = server
+    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
+    quick = QuickStore(dist.PrefixStore("agree", client))
+    assert quick.check(["k"])
+    assert quick.multi_get(["k"]) == [b"1"]
+    os.kill(child.pid, signal.SIGSTOP)
+    try:
+        for _ in range(3):  # the first gives up after TIMEOUT_S; later ones do not pile up
+            started = time.monotonic()
+            with pytest.raises(StoreUnreachable, match="did not answer"):
+                quick.check(["k"])
+            assert time.monotonic() - started < TIMEOUT_S + 1.5
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    quick.set("k2", "2")  # the stuck request came back: the same connection is used on
+    assert quick.multi_get(["k", "k2"]) == [b"1", b"2"]
+
+
+def test_a_store_that_went_away_is_unreachable(
+    server: tuple[subprocess.Popen[str], int],
+) -> None:
+    child, port = server
+    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
+    quick = QuickStore(dist.PrefixStore("agree", client))
+    assert quick.multi_get(["k"]) == [b"1"]
+    child.kill()
+    child.wait()
+    started = time.monotonic()
+    with pytest.raises(StoreUnreachable, match="did not answer"):
+        quick.check(["k"])
+    assert time.monotonic() - started < TIMEOUT_S + 1.5
