@@ -8,14 +8,14 @@ The two lines a training script writes::
 How it works. Every distcompat collective records itself (op, shape, dtype, sequence number per
 group) in an in-memory ring buffer, and a synchronous one is issued async and waited on with the
 watchdog timeout instead of blocking in C++. When a wait runs out, the rank raises an alarm in
-the rendezvous store; a background thread on every rank polls that alarm (one store request per
-``poll`` seconds, the only traffic when nothing hangs), dumps its Python stacks (faulthandler, all
-threads) and publishes its account. The ranks compare sequence numbers and name who is behind,
-who is gone (no answer within ``grace``), and who is in a different collective at the same
-number; each writes ``<job>/incident-<N>/rank<R>.json`` under ``dump_dir`` (the job's name is
-agreed through the store at start, so jobs never share a folder) and logs the report. The stuck
-rank then raises :class:`HangError` (``action="raise"``), or keeps waiting (``action="report"``,
-what ``init_distributed`` starts by default).
+the rendezvous store; a background thread on every rank (``_incidents``) polls that alarm (one
+store request per ``poll`` seconds, the only traffic when nothing hangs), dumps its Python stacks
+(faulthandler, all threads) and publishes its account. The ranks compare sequence numbers and
+name who is behind, who is gone (no answer within ``grace``), and who is in a different
+collective at the same number; each writes ``<job>/incident-<N>/rank<R>.json`` under
+``dump_dir`` (the job's name is agreed through the store at start, so jobs never share a folder)
+and logs the report. The stuck rank then raises :class:`HangError` (``action="raise"``), or
+keeps waiting (``action="report"``, what ``init_distributed`` starts by default).
 
 Limits (said plainly): a raw ``torch.distributed`` call is not recorded and cannot be
 interrupted: it blocks in C++ until the group timeout, although this rank still answers alarms
@@ -26,9 +26,7 @@ whose store distcompat does not know, the report covers this rank only (``why()`
 
 from __future__ import annotations
 
-import logging
 import os
-import socket
 import threading
 import time
 from datetime import timedelta
@@ -39,22 +37,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat._ranks import side_store
 from distcompat.collectives import _agree
 from distcompat.collectives._errors import CollectiveMismatchError, PeerLostError, translate
 from distcompat.diagnostics import _hooks
-from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import Action, WatchdogConfig
-from distcompat.diagnostics._dump import rank_state, write_dump
 from distcompat.diagnostics._errors import HangError
 from distcompat.diagnostics._exit import declared_failure, note_failure
+from distcompat.diagnostics._incidents import IncidentDesk
 from distcompat.diagnostics._records import CollectiveRecord, Recorder, to_record
-from distcompat.diagnostics._report import HangReport, RankState
+from distcompat.diagnostics._report import HangReport
 
 __all__ = ["Watchdog", "watchdog"]
-
-_LOG = "distcompat.diagnostics"
-_BLAMED_STACKS = 8  # at most this many other ranks' stacks are fetched into a report
 
 
 class Watchdog:
@@ -73,22 +66,15 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
-        self.last_report: HangReport | None = None
         self._agreement_started: float | None = None  # the agreement wait already reported
         self._recorder = Recorder(config.history)
-        self._channel: SideChannel | None = None
-        self._channel_reason = ""
-        self._rank, self._world = 0, 1
-        self._job = ""  # the job's name, the same on every rank: dumps go under it
-        self._seen = 0  # latest incident this rank has handled
-        self._handled_at = -1.0  # monotonic time it was handled
-        self._poisoned = False
-        self._cv = threading.Condition()
-        self._request: tuple[str, float] | None = None  # (reason, op start) for the thread
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._desk = IncidentDesk(config, self._recorder)  # the thread, the reports, the dumps
         self._active = False
+
+    @property
+    def last_report(self) -> HangReport | None:
+        """The latest hang report this rank assembled (None before any)."""
+        return self._desk.last_report
 
     # --- lifetime ---------------------------------------------------------------------------
 
@@ -96,40 +82,25 @@ class Watchdog:
         """Say what this watchdog covers here, and why not more."""
         if not self._active:
             return "inactive: no process group (one process cannot hang in a collective)"
-        return self._channel_reason
+        return self._desk.channel_reason
 
     def start(self) -> Watchdog:
         """Start watching (a no-op without a process group of more than one rank)."""
         if self._active or not (dist.is_available() and dist.is_initialized()):
             return self
-        self._rank, self._world = dist.get_rank(), dist.get_world_size()
-        if self._world < 2:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        if world < 2:
             return self
-        found = side_store()
-        self._job = _job_name()
-        if found is None:
-            self._channel_reason = (
-                "this rank only: the group was not created by init_distributed, so its "
-                "rendezvous store is unknown and other ranks cannot be asked"
-            )
-        else:
-            store, prefix = found
-            self._channel = SideChannel(store, prefix, rank=self._rank, world_size=self._world)
-            self._channel_reason = "all ranks, through the rendezvous store"
-            try:
-                self._seen = self._channel.current()
-                self._job = self._channel.agree("job", self._job)  # the first rank's name wins
-            except ChannelError as exc:
-                self._channel, self._channel_reason = None, f"this rank only: {exc}"
+        self._desk.connect(rank=rank, world=world)
         with _hooks.state.lock:
             outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
             if outer is not None:  # nested: share the sequence numbers, pause the outer thread
-                self._recorder = outer._recorder
-                outer._halt()
+                self._recorder = self._desk.recorder = outer._recorder
+                outer._desk.halt()
             _hooks.state.watchdogs.append(self)
             _hooks.refresh()
         self._active = True
-        self._launch()
+        self._desk.launch()
         return self
 
     def stop(self) -> None:
@@ -137,26 +108,14 @@ class Watchdog:
         if not self._active:
             return
         self._active = False
-        self._halt()
+        self._desk.halt()
         with _hooks.state.lock:
             if self in _hooks.state.watchdogs:
                 _hooks.state.watchdogs.remove(self)
             outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
             _hooks.refresh()
         if outer is not None:
-            outer._launch()
-
-    def _launch(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="distcompat-watchdog", daemon=True)
-        self._thread.start()
-
-    def _halt(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.config.grace_s + 5)
-        self._thread = None
+            outer._desk.launch()
 
     def __enter__(self) -> Watchdog:
         return self.start()
@@ -172,7 +131,7 @@ class Watchdog:
         self, op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
     ) -> None:
         """Pre-call: refuse to run after a declared hang, else record the call."""
-        if self._poisoned and self.last_report is not None:
+        if self._desk.poisoned and self.last_report is not None:
             note_failure(f"{op}: HangError")
             raise self._hang_error(op, "a hang was already declared; the group cannot be trusted")
         self._recorder.begin(op, tensor, group, reduce_op, root)
@@ -275,10 +234,9 @@ class Watchdog:
 
     def _hung(self, record: CollectiveRecord, started: float, op: str) -> None:
         """Handle an op that did not finish in time: report, then raise unless only reporting."""
-        reason = (
-            f"rank {self._rank}: {record.describe()} not complete after {self.config.timeout:g}s"
-        )
-        self._declare(reason, started)
+        timeout = self.config.timeout
+        reason = f"rank {self._desk.rank}: {record.describe()} not complete after {timeout:g}s"
+        self._desk.declare(reason, started)
         if self.config.action == "raise":
             note_failure(f"{op}: HangError")
             raise self._hang_error(op, reason)
@@ -293,7 +251,7 @@ class Watchdog:
         if declared_failure(typed) is not None:
             note_failure(f"{op}: {type(typed).__name__}")
         if isinstance(typed, PeerLostError) and self.config.action == "raise":
-            report = self._declare(f"rank {self._rank}: {typed}", time.monotonic())
+            report = self._desk.declare(f"rank {self._desk.rank}: {typed}", time.monotonic())
             if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
                 typed.add_note(report.describe())
             raise typed from exc
@@ -305,159 +263,11 @@ class Watchdog:
         return HangError(
             f"{op}: {reason}; hang declared (incident {report.incident}); report written to "
             f"{self.config.directory}\n"
-            + report.describe(stacks=tuple(r for r in late if r != self._rank)),
+            + report.describe(stacks=tuple(r for r in late if r != self._desk.rank)),
             op=op,
             peer=late[0] if len(late) == 1 else None,
             report=report,
         )
-
-    # --- incidents --------------------------------------------------------------------------
-
-    def _declare(self, reason: str, since: float) -> HangReport:
-        """Have the watchdog thread handle an incident (or reuse one handled since ``since``)."""
-        with self._cv:
-            if self._handled_at < since:
-                self._request = (reason, since)
-                self._wake.set()
-                self._cv.wait_for(
-                    lambda: self._handled_at >= since, timeout=self.config.grace_s + 5
-                )
-            if self._handled_at < since or self.last_report is None:  # the thread did not answer
-                self.last_report = self._local_report(reason, "the watchdog thread did not answer")
-                self._handled_at = time.monotonic()
-            return self.last_report
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.config.poll_s)
-            self._wake.clear()
-            if self._stop.is_set():
-                return
-            with self._cv:
-                request, self._request = self._request, None
-                # An incident handled after the op began already covers it (another rank's alarm
-                # answered meanwhile): a second alarm would wait out the grace for ranks that
-                # have moved on or exited.
-                reason = request[0] if request and self._handled_at < request[1] else None
-            if reason is None:
-                reason = self._stalled_async()
-            try:
-                self._handle(reason)
-            except Exception as exc:  # never let the thread die: the report says what failed
-                logging.getLogger(_LOG).error("distcompat watchdog: %s", exc, exc_info=True)
-                with self._cv:
-                    self.last_report = self._local_report(reason or "alarm", f"failed: {exc}")
-                    self._handled_at = time.monotonic()
-                    self._cv.notify_all()
-
-    def _stalled_async(self) -> str | None:
-        oldest = self._recorder.oldest_open()
-        if oldest is None or time.monotonic() - oldest[1] < self.config.timeout:
-            return None
-        if self._handled_at >= oldest[1]:
-            return None  # already reported while this op was open
-        return (
-            f"rank {self._rank}: {oldest[0].describe()} not complete after {self.config.timeout:g}s"
-        )
-
-    def _handle(self, reason: str | None) -> None:
-        channel = self._channel
-        if channel is None:
-            if reason is not None:
-                self._seen += 1  # incidents of this rank alone, numbered here
-                self._finish(self._local_report(reason, self._channel_reason))
-            return
-        try:
-            current = channel.current()
-            if current > self._seen:
-                incident = current  # another rank declared it: answer
-            elif reason is not None:
-                incident = channel.raise_alarm(self._seen)
-                channel.set_trigger(incident, reason)
-            else:
-                return
-            mine = self._state(reason or f"answering incident {incident}")
-            channel.publish(incident, mine)
-            states = channel.collect(incident, self.config.grace_s)
-            trigger = channel.trigger(incident) or reason or "?"
-        except ChannelError as exc:
-            self._finish(self._local_report(reason or "alarm", str(exc)))
-            return
-        states[self._rank] = mine
-        report = HangReport(
-            incident=incident,
-            written_by=self._rank,
-            timeout=self.config.timeout,
-            world_size=self._world,
-            trigger=trigger,
-            states=self._with_stacks(channel, incident, states),
-            job=self._job,
-        )
-        self._seen = incident
-        self._finish(report)
-
-    def _with_stacks(
-        self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
-    ) -> dict[int, RankState | None]:
-        """Fetch the stacks of the ranks the verdict blames (a few), so one dump shows them."""
-        verdict = HangReport(
-            incident=incident, written_by=self._rank, timeout=self.config.timeout,
-            world_size=self._world, trigger="", states=states,
-        ).verdict  # fmt: skip
-        out = dict(states)
-        for rank in [r for r in verdict.blamed if r != self._rank][:_BLAMED_STACKS]:
-            state = out.get(rank)
-            if state is not None:
-                stacks = channel.stacks(incident, rank)
-                out[rank] = RankState.from_json(state.to_json() | {"stacks": stacks})
-        return out
-
-    def _state(self, reason: str) -> RankState:
-        return rank_state(self._recorder, rank=self._rank, reason=reason)
-
-    def _local_report(self, reason: str, why: str) -> HangReport:
-        states: dict[int, RankState | None] = dict.fromkeys(range(self._world))
-        states[self._rank] = self._state(reason)
-        return HangReport(
-            incident=self._seen,
-            written_by=self._rank,
-            timeout=self.config.timeout,
-            world_size=self._world,
-            trigger=f"{reason} (other ranks not asked: {why})",
-            states=states,
-            job=self._job,
-        )
-
-    def _finish(self, report: HangReport) -> None:
-        """Write the dump, log the report, and hand it to a waiting collective."""
-        path = self._write(report)
-        then = (
-            "report-only: this rank keeps waiting, and the group timeout ends the wait if the "
-            "late rank never comes"
-            if self.config.action == "report"
-            else "the waiting rank raises HangError, the others at their next collective"
-        )
-        logging.getLogger(_LOG).error(
-            "[rank %d] %s\nper-rank dump: %s\n%s", self._rank, report.describe(), path, then
-        )
-        with self._cv:
-            self.last_report = report
-            self._handled_at = time.monotonic()
-            self._poisoned = self.config.action == "raise"  # the next collective raises
-            self._cv.notify_all()
-
-    def _write(self, report: HangReport) -> Path:
-        history = self._recorder.snapshot()["history"]
-        return write_dump(
-            self.config.directory, rank=self._rank, world_size=self._world, history=history,
-            report=report,
-        )  # fmt: skip
-
-
-def _job_name() -> str:
-    """Propose a name for the job: start time (UTC), host and process id of this rank."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    return f"{stamp}-{socket.gethostname()}-{os.getpid()}"
 
 
 def watchdog(

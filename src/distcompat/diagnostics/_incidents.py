@@ -1,0 +1,249 @@
+"""The watchdog's incident desk: its background thread, and one hang turned into one report.
+
+A :class:`~distcompat.diagnostics.Watchdog` bounds the waits; when one runs out it asks the desk
+to :meth:`~IncidentDesk.declare` an incident. The desk's thread raises the alarm in the rendezvous
+store (or answers another rank's), publishes this rank's account, collects every rank's within
+``grace``, fetches the stacks of the ranks the verdict blames, writes the dump and logs the
+report::
+
+    desk = IncidentDesk(config, recorder)
+    desk.connect(rank=0, world=2)           # the side channel and the job's name
+    desk.launch()                           # the thread: answers alarms every ``poll`` s
+    report = desk.declare("rank 0: #3 all_reduce ... not complete after 60s", since=started)
+
+Nothing here waits for a collective; that is the watchdog's part (``_watchdog``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+from distcompat._ranks import side_store
+from distcompat.diagnostics._channel import ChannelError, SideChannel
+from distcompat.diagnostics._config import WatchdogConfig
+from distcompat.diagnostics._dump import rank_state, write_dump
+from distcompat.diagnostics._records import Recorder
+from distcompat.diagnostics._report import HangReport, RankState
+
+__all__ = ["IncidentDesk"]
+
+_LOG = "distcompat.diagnostics"
+_BLAMED_STACKS = 8  # at most this many other ranks' stacks are fetched into a report
+
+
+class IncidentDesk:
+    """Handles this rank's hang incidents for one watchdog; ``last_report`` is the latest.
+
+    Example:
+        >>> from distcompat.diagnostics._records import Recorder
+        >>> desk = IncidentDesk(WatchdogConfig(timeout=5), Recorder())
+        >>> desk.connect(rank=0, world=1)   # no group here: no one else to ask
+        >>> desk.channel_reason.split(":")[0]
+        'this rank only'
+    """
+
+    def __init__(self, config: WatchdogConfig, recorder: Recorder) -> None:
+        self.config = config
+        self.recorder = recorder
+        self.last_report: HangReport | None = None
+        self.channel: SideChannel | None = None
+        self.channel_reason = ""
+        self.rank, self.world = 0, 1
+        self.job = ""  # the job's name, the same on every rank: dumps go under it
+        self.poisoned = False  # a raising watchdog declared a hang: the next collective raises
+        self._seen = 0  # latest incident this rank has handled
+        self._handled_at = -1.0  # monotonic time it was handled
+        self._cv = threading.Condition()
+        self._request: tuple[str, float] | None = None  # (reason, op start) for the thread
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    def connect(self, *, rank: int, world: int) -> None:
+        """Find the side channel to the other ranks (the rendezvous store) and agree the job."""
+        self.rank, self.world = rank, world
+        found = side_store()
+        self.job = _job_name()
+        if found is None:
+            self.channel_reason = (
+                "this rank only: the group was not created by init_distributed, so its "
+                "rendezvous store is unknown and other ranks cannot be asked"
+            )
+            return
+        store, prefix = found
+        self.channel = SideChannel(store, prefix, rank=rank, world_size=world)
+        self.channel_reason = "all ranks, through the rendezvous store"
+        try:
+            self._seen = self.channel.current()
+            self.job = self.channel.agree("job", self.job)  # the first rank's name wins
+        except ChannelError as exc:
+            self.channel, self.channel_reason = None, f"this rank only: {exc}"
+
+    def launch(self) -> None:
+        """Start the thread that answers alarms (and raises one for a stalled async op)."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="distcompat-watchdog", daemon=True)
+        self._thread.start()
+
+    def halt(self) -> None:
+        """Stop the thread (within ``grace`` + 5 s if it is collecting an incident)."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.config.grace_s + 5)
+        self._thread = None
+
+    # --- incidents --------------------------------------------------------------------------
+
+    def declare(self, reason: str, since: float) -> HangReport:
+        """Have the thread handle an incident (or reuse one handled since ``since``)."""
+        with self._cv:
+            if self._handled_at < since:
+                self._request = (reason, since)
+                self._wake.set()
+                self._cv.wait_for(
+                    lambda: self._handled_at >= since, timeout=self.config.grace_s + 5
+                )
+            if self._handled_at < since or self.last_report is None:  # the thread did not answer
+                self.last_report = self._local_report(reason, "the watchdog thread did not answer")
+                self._handled_at = time.monotonic()
+            return self.last_report
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.config.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            with self._cv:
+                request, self._request = self._request, None
+                # An incident handled after the op began already covers it (another rank's alarm
+                # answered meanwhile): a second alarm would wait out the grace for ranks that
+                # have moved on or exited.
+                reason = request[0] if request and self._handled_at < request[1] else None
+            if reason is None:
+                reason = self._stalled_async()
+            try:
+                self._handle(reason)
+            except Exception as exc:  # never let the thread die: the report says what failed
+                logging.getLogger(_LOG).error("distcompat watchdog: %s", exc, exc_info=True)
+                with self._cv:
+                    self.last_report = self._local_report(reason or "alarm", f"failed: {exc}")
+                    self._handled_at = time.monotonic()
+                    self._cv.notify_all()
+
+    def _stalled_async(self) -> str | None:
+        oldest = self.recorder.oldest_open()
+        if oldest is None or time.monotonic() - oldest[1] < self.config.timeout:
+            return None
+        if self._handled_at >= oldest[1]:
+            return None  # already reported while this op was open
+        return (
+            f"rank {self.rank}: {oldest[0].describe()} not complete after {self.config.timeout:g}s"
+        )
+
+    def _handle(self, reason: str | None) -> None:
+        channel = self.channel
+        if channel is None:
+            if reason is not None:
+                self._seen += 1  # incidents of this rank alone, numbered here
+                self._finish(self._local_report(reason, self.channel_reason))
+            return
+        try:
+            current = channel.current()
+            if current > self._seen:
+                incident = current  # another rank declared it: answer
+            elif reason is not None:
+                incident = channel.raise_alarm(self._seen)
+                channel.set_trigger(incident, reason)
+            else:
+                return
+            mine = self._state(reason or f"answering incident {incident}")
+            channel.publish(incident, mine)
+            states = channel.collect(incident, self.config.grace_s)
+            trigger = channel.trigger(incident) or reason or "?"
+        except ChannelError as exc:
+            self._finish(self._local_report(reason or "alarm", str(exc)))
+            return
+        states[self.rank] = mine
+        report = HangReport(
+            incident=incident,
+            written_by=self.rank,
+            timeout=self.config.timeout,
+            world_size=self.world,
+            trigger=trigger,
+            states=self._with_stacks(channel, incident, states),
+            job=self.job,
+        )
+        self._seen = incident
+        self._finish(report)
+
+    def _with_stacks(
+        self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
+    ) -> dict[int, RankState | None]:
+        """Fetch the stacks of the ranks the verdict blames (a few), so one dump shows them."""
+        verdict = HangReport(
+            incident=incident, written_by=self.rank, timeout=self.config.timeout,
+            world_size=self.world, trigger="", states=states,
+        ).verdict  # fmt: skip
+        out = dict(states)
+        for rank in [r for r in verdict.blamed if r != self.rank][:_BLAMED_STACKS]:
+            state = out.get(rank)
+            if state is not None:
+                stacks = channel.stacks(incident, rank)
+                out[rank] = RankState.from_json(state.to_json() | {"stacks": stacks})
+        return out
+
+    def _state(self, reason: str) -> RankState:
+        return rank_state(self.recorder, rank=self.rank, reason=reason)
+
+    def _local_report(self, reason: str, why: str) -> HangReport:
+        states: dict[int, RankState | None] = dict.fromkeys(range(self.world))
+        states[self.rank] = self._state(reason)
+        return HangReport(
+            incident=self._seen,
+            written_by=self.rank,
+            timeout=self.config.timeout,
+            world_size=self.world,
+            trigger=f"{reason} (other ranks not asked: {why})",
+            states=states,
+            job=self.job,
+        )
+
+    def _finish(self, report: HangReport) -> None:
+        """Write the dump, log the report, and hand it to a waiting collective."""
+        path = self._write(report)
+        then = (
+            "report-only: this rank keeps waiting, and the group timeout ends the wait if the "
+            "late rank never comes"
+            if self.config.action == "report"
+            else "the waiting rank raises HangError, the others at their next collective"
+        )
+        logging.getLogger(_LOG).error(
+            "[rank %d] %s\nper-rank dump: %s\n%s", self.rank, report.describe(), path, then
+        )
+        with self._cv:
+            self.last_report = report
+            self._handled_at = time.monotonic()
+            self.poisoned = self.config.action == "raise"  # the next collective raises
+            self._cv.notify_all()
+
+    def _write(self, report: HangReport) -> Path:
+        history = self.recorder.snapshot()["history"]
+        return write_dump(
+            self.config.directory, rank=self.rank, world_size=self.world, history=history,
+            report=report,
+        )  # fmt: skip
+
+
+def _job_name() -> str:
+    """Propose a name for the job: start time (UTC), host and process id of this rank."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return f"{stamp}-{socket.gethostname()}-{os.getpid()}"
