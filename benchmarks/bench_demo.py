@@ -30,7 +30,10 @@ import torch
 RESULTS = Path(__file__).resolve().parent / "results" / "demo_scaling.json"
 
 
-def run_once(nproc: int, options: argparse.Namespace, out: Path) -> dict[str, float]:
+def run_once(
+    nproc: int, options: argparse.Namespace, out: Path, env: dict[str, str] | None = None
+) -> dict[str, float]:
+    """Run the demo once with ``nproc`` ranks (``env``: extra environment) and read its figures."""
     command = [
         sys.executable, "-m", "distcompat", "demo", "--out", str(out), "--nproc", str(nproc),
         "--steps", str(options.steps), "--batch-size", str(options.batch_size),
@@ -39,7 +42,8 @@ def run_once(nproc: int, options: argparse.Namespace, out: Path) -> dict[str, fl
         "--allreduce-reps", "5", "--resume-steps", "1",
     ]  # fmt: skip
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    environ = os.environ | (env or {})
+    done = subprocess.run(command, capture_output=True, text=True, check=False, env=environ)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"demo with {nproc} rank(s) failed ({done.returncode}):\n{done.stderr}")
