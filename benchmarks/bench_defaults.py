@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
-import torch
-from bench_demo import run_once
+from bench_demo import machine_facts, run_once
 
 RESULTS = Path(__file__).resolve().parent / "results" / "defaults_cost.json"
 OFF = {"DISTCOMPAT_WATCHDOG": "off", "DISTCOMPAT_MISMATCH_CHECK": "off"}
@@ -69,10 +67,7 @@ def main() -> None:
         "ratio_median": statistics.median(ratios),
         "goal": "defaults >= 0.99 x off",
         "runs": runs,
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        **machine_facts(),
     }
     options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(json.dumps(summary, indent=2) + "\n")

@@ -58,6 +58,16 @@ def run_once(
     }
 
 
+def machine_facts() -> dict[str, object]:
+    """torch and Python versions, CPU count and the load average now (for a result file)."""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
@@ -94,10 +104,7 @@ def main() -> None:
         "speedup_2_over_1": median[2] / median[1],
         "goal": ">= 1.7",
         "runs": {str(n): r for n, r in runs.items()},
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "load_average_at_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        **machine_facts(),
     }
     options.output.parent.mkdir(parents=True, exist_ok=True)
     options.output.write_text(json.dumps(summary, indent=2) + "\n")

@@ -51,12 +51,16 @@ def server() -> Iterator[tuple[subprocess.Popen[str], int]]:
         child.stdout.close()
 
 
+def _quick(port: int) -> QuickStore:
+    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
+    return QuickStore(dist.PrefixStore("agree", client))
+
+
 def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
     server: tuple[subprocess.Popen[str], int],
 ) -> None:
     child, port = server
-    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
-    quick = QuickStore(dist.PrefixStore("agree", client))
+    quick = _quick(port)
     assert quick.check(["k"])
     assert quick.multi_get(["k"]) == [b"1"]
     os.kill(child.pid, signal.SIGSTOP)
@@ -76,8 +80,7 @@ def test_a_store_that_went_away_is_unreachable(
     server: tuple[subprocess.Popen[str], int],
 ) -> None:
     child, port = server
-    client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
-    quick = QuickStore(dist.PrefixStore("agree", client))
+    quick = _quick(port)
     assert quick.multi_get(["k"]) == [b"1"]
     child.kill()
     child.wait()
