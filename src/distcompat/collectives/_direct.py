@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import has_torch_function
 
-from distcompat.collectives import _agree, _checked, _probed
+from distcompat.collectives import _agree, _checked, _probed, _shm_path
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE
 from distcompat.collectives._work import CompatWork
@@ -108,6 +108,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         or not tensor.is_cpu
         or not tensor.is_contiguous()
         or has_torch_function((tensor,))
+        or tensor.nbytes >= _shm_path.floor_bytes("all_reduce")  # shared memory may take it
     ):
         return SKIP
     state = last[1]

@@ -9,6 +9,9 @@ does for the device and the timeout::
 
 * ``DISTCOMPAT_WATCHDOG``: ``<seconds>`` or ``off``. Sets the watchdog ``init_distributed`` starts
   when its ``watchdog=`` argument is left out; the watchdog then only reports (it never raises).
+* ``DISTCOMPAT_SHM``: ``auto`` (the default), ``on`` or ``off``. Whether CPU collectives of a group
+  whose ranks all run on this machine go through shared memory instead of gloo (``auto``: for the
+  ops and sizes where it measured faster; ``on``: for every op and size it supports).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
@@ -31,13 +34,24 @@ from typing import Literal
 
 from distcompat.launch._rules import LaunchEnvError
 
-__all__ = ["DEFAULT_WATCHDOG_S", "WATCHDOG_VARIABLE", "WatchdogChoice", "choose_watchdog"]
+__all__ = [
+    "DEFAULT_WATCHDOG_S",
+    "SHM_VARIABLE",
+    "WATCHDOG_VARIABLE",
+    "ShmChoice",
+    "WatchdogChoice",
+    "choose_shm",
+    "choose_watchdog",
+]
 
 #: Seconds a collective may wait before the default (report-only) watchdog reports it.
 DEFAULT_WATCHDOG_S = 120.0
 #: The variable that sets the default watchdog without code changes.
 WATCHDOG_VARIABLE = "DISTCOMPAT_WATCHDOG"
 _OFF = ("off", "0", "false", "no", "none")
+#: The variable that turns the shared-memory path for same-host CPU collectives on or off.
+SHM_VARIABLE = "DISTCOMPAT_SHM"
+_ON = ("on", "1", "true", "yes")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,4 +145,48 @@ def choose_watchdog(
             f"report-only after {seconds:g}s: {why} (a stuck collective is reported and the job "
             f"goes on; {WATCHDOG_VARIABLE}=<seconds>|off or watchdog=<seconds> to raise)"
         ),
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShmChoice:
+    """Whether same-host CPU collectives may use shared memory, and why.
+
+    ``mode`` is ``"auto"`` (where measured faster than gloo), ``"on"`` (every supported call) or
+    ``"off"`` (never).
+
+    Example:
+        >>> choose_shm(environ={"DISTCOMPAT_SHM": "off"}).mode
+        'off'
+    """
+
+    mode: Literal["auto", "on", "off"]
+    reason: str
+
+
+def choose_shm(environ: Mapping[str, str] | None = None) -> ShmChoice:
+    """Read ``DISTCOMPAT_SHM`` (``auto`` when unset); a malformed value raises ``LaunchEnvError``.
+
+    ``environ`` defaults to ``os.environ``.
+
+    Example:
+        >>> choose_shm(environ={}).reason
+        "auto: distcompat's default (shared memory where it measured faster than gloo)"
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(SHM_VARIABLE)
+    if text is None or text.strip().lower() in ("", "auto"):
+        why = "distcompat's default" if text is None else f"{SHM_VARIABLE}={text}"
+        return ShmChoice(
+            mode="auto", reason=f"auto: {why} (shared memory where it measured faster than gloo)"
+        )
+    value = text.strip().lower()
+    if value in _OFF:
+        return ShmChoice(mode="off", reason=f"off: {SHM_VARIABLE}={text}")
+    if value in _ON:
+        return ShmChoice(
+            mode="on", reason=f"on: {SHM_VARIABLE}={text} (every call the path supports)"
+        )
+    raise LaunchEnvError(
+        f"{SHM_VARIABLE}={text!r} is not one of auto, on, off", variable=SHM_VARIABLE
     )

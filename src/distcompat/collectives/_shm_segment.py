@@ -1,0 +1,321 @@
+"""One shared-memory segment for a group's ranks on this machine, and the barrier they meet at.
+
+The segment is a file in ``/dev/shm`` that group rank 0 creates and reserves (``posix_fallocate``:
+a full ``/dev/shm`` fails here, with ENOSPC, not later with SIGBUS), every rank maps, and rank 0
+unlinks as soon as every rank has it mapped: from then on nothing is left in ``/dev/shm``, and the
+kernel frees the memory when the last rank exits, however it exits::
+
+    segment = Segment.create(world=2, slot_bytes=1 << 20)   # rank 0; the others: Segment.attach
+    barrier = Barrier(segment, rank=0, peers=identities, timeout_s=600.0)
+    barrier.meet()                                          # every rank has arrived here
+
+Layout: one 64-byte line per rank in the first page (that rank's arrival counter, a futex word),
+then two buffers of ``world`` slots of ``slot_bytes`` each (a pipeline alternates between them).
+
+The barrier never spins for long: a rank that finds a peer not yet arrived sleeps in the Linux
+futex wait on that peer's counter (``syscall(SYS_futex)`` through ctypes, which releases the GIL),
+woken by the peer's arrival, so 4 ranks on 2 cores do not starve each other. Every
+``_SLICE_S`` a sleeping rank looks at the peers it waits for: a process that is gone raises
+:class:`PeerLostError` naming it; past the group's timeout, :class:`CollectiveTimeoutError`
+names the ranks that did not arrive. Plain aligned 32-bit stores and loads order correctly only
+on x86-64 (total store order), so the path is offered there only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import platform
+import secrets
+import time
+from collections.abc import Mapping
+
+import torch
+
+from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
+from distcompat.collectives._peers import Identity, _dead, _stat
+
+__all__ = ["SHM_DIR", "Barrier", "Segment", "SegmentError", "platform_problem", "sweep_leftovers"]
+
+SHM_DIR = "/dev/shm"
+_PREFIX = "distcompat-shm-"
+_LINE = 64  # bytes per rank's counter: one cache line each, so arrivals do not false-share
+_HEADER = 4096
+MAX_WORLD = _HEADER // _LINE
+_SYS_FUTEX = 202  # x86-64
+_FUTEX_WAIT, _FUTEX_WAKE = (
+    0,
+    1,
+)  # shared (not PRIVATE): the word is in a mapping of several processes
+_WAKE_ALL = 0x7FFFFFFF
+_MASK, _HALF = 0xFFFFFFFF, 0x80000000
+_SPINS = 64  # looks at a peer's counter before sleeping (a few microseconds of Python)
+_SLICE_S = 0.05  # longest sleep between two looks at the peers' liveness and the deadline
+
+
+class SegmentError(OSError):
+    """The shared-memory segment could not be made or mapped (the path falls back to gloo)."""
+
+
+def platform_problem() -> str:
+    """Return why this machine cannot use the path ('' when it can).
+
+    Example:
+        >>> isinstance(platform_problem(), str)
+        True
+    """
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs Linux on x86-64 (futex, total store order); this is {platform.machine()}"
+    if not os.path.isdir(SHM_DIR):
+        return f"{SHM_DIR} does not exist"
+    return ""
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_libc = ctypes.CDLL(None, use_errno=True) if platform.system() == "Linux" else None
+
+
+def _futex(address: int, op: int, value: int, timeout_s: float | None = None) -> None:
+    """``futex(address, op, value, timeout)``; errors (EAGAIN, ETIMEDOUT, EINTR) are ignored.
+
+    Every caller looks at the word again afterwards, so no outcome needs telling apart.
+    """
+    assert _libc is not None
+    spec = None
+    if timeout_s is not None:
+        whole = int(timeout_s)
+        spec = ctypes.byref(_Timespec(whole, int((timeout_s - whole) * 1e9)))
+    _libc.syscall(
+        ctypes.c_long(_SYS_FUTEX),
+        ctypes.c_void_p(address),
+        ctypes.c_int(op),
+        ctypes.c_uint32(value),
+        spec,
+        None,
+        ctypes.c_int(0),
+    )
+
+
+def sweep_leftovers() -> tuple[str, ...]:
+    """Unlink segments that a process that died before unlinking them left in ``/dev/shm``.
+
+    A name carries its creator's pid and start time; only segments whose creator is gone are
+    removed. Returns the names removed.
+
+    Example:
+        >>> isinstance(sweep_leftovers(), tuple)
+        True
+    """
+    removed = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir(SHM_DIR):
+            if not name.startswith(_PREFIX):
+                continue
+            parts = name[len(_PREFIX) :].split("-")
+            if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+                continue
+            creator = Identity("", "", int(parts[0]), int(parts[1]), ())
+            if _dead(creator):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(SHM_DIR, name))
+                    removed.append(name)
+    return tuple(removed)
+
+
+class Segment:
+    """A mapped segment: the rank counters, and ``data``, the slots as one uint8 tensor."""
+
+    def __init__(self, path: str, fd: int, world: int, slot_bytes: int, size: int) -> None:
+        self.path = path
+        self.world = world
+        self.slot_bytes = slot_bytes
+        self.size = size
+        try:
+            self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self._words = (ctypes.c_uint32 * (_HEADER // 4)).from_buffer(self._map)
+        self._base = ctypes.addressof(self._words)
+        self.data = torch.frombuffer(self._map, dtype=torch.uint8, offset=_HEADER)
+
+    @staticmethod
+    def size_for(world: int, slot_bytes: int) -> int:
+        """Return the bytes a segment for ``world`` ranks with ``slot_bytes`` slots takes."""
+        return _HEADER + 2 * world * slot_bytes
+
+    @classmethod
+    def create(cls, world: int, slot_bytes: int) -> Segment:
+        """Create, reserve and map a new segment (group rank 0); raise :class:`SegmentError`."""
+        me = Identity.here()
+        name = f"{_PREFIX}{me.pid}-{me.start}-{secrets.token_hex(6)}"
+        path = os.path.join(SHM_DIR, name)
+        size = cls.size_for(world, slot_bytes)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise SegmentError(exc.errno, f"cannot create {path}: {exc.strerror}") from exc
+        try:
+            os.posix_fallocate(fd, 0, size)  # ENOSPC now rather than SIGBUS mid-collective
+        except OSError as exc:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            free = _free_bytes() / 2**20
+            raise SegmentError(
+                exc.errno,
+                f"cannot reserve {size / 2**20:.1f} MiB in {SHM_DIR} ({free:.1f} MiB free): "
+                f"{exc.strerror}",
+            ) from exc
+        try:
+            return cls(path, fd, world, slot_bytes, size)
+        except (OSError, ValueError) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise SegmentError(getattr(exc, "errno", None), f"cannot map {path}: {exc}") from exc
+
+    @classmethod
+    def attach(cls, path: str, world: int, slot_bytes: int) -> Segment:
+        """Map the segment rank 0 created; raise :class:`SegmentError`."""
+        size = cls.size_for(world, slot_bytes)
+        try:
+            fd = os.open(path, os.O_RDWR)
+            if os.fstat(fd).st_size != size:
+                os.close(fd)
+                raise SegmentError(None, f"{path} is not {size} bytes long")
+            return cls(path, fd, world, slot_bytes, size)
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, SegmentError):
+                raise
+            raise SegmentError(getattr(exc, "errno", None), f"cannot map {path}: {exc}") from exc
+
+    def unlink(self) -> None:
+        """Remove the name from ``/dev/shm`` (the mappings stay valid); safe to repeat."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def slot(self, buffer: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """Return the first ``count`` elements of ``rank``'s slot in ``buffer`` (0 or 1)."""
+        start = (buffer * self.world + rank) * self.slot_bytes
+        nbytes = count * dtype.itemsize
+        return self.data[start : start + nbytes].view(dtype)
+
+    def buffer(self, buffer: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+        """Return the first ``count`` elements of ``buffer``'s slots taken as one region."""
+        start = buffer * self.world * self.slot_bytes
+        return self.data[start : start + count * dtype.itemsize].view(dtype)
+
+    def counter(self, rank: int) -> int:
+        """Return ``rank``'s arrival counter."""
+        return int(self._words[rank * _LINE // 4])
+
+    def arrive(self, rank: int, value: int) -> None:
+        """Set ``rank``'s counter (after its data writes: x86-64 keeps stores in order), wake."""
+        self._words[rank * _LINE // 4] = value & _MASK
+        _futex(self._base + rank * _LINE, _FUTEX_WAKE, _WAKE_ALL)
+
+    def sleep_on(self, rank: int, seen: int, timeout_s: float) -> None:
+        """Sleep until ``rank``'s counter differs from ``seen``, a wake, or ``timeout_s``."""
+        _futex(self._base + rank * _LINE, _FUTEX_WAIT, seen, timeout_s)
+
+    def close(self) -> None:
+        """Unmap (the views into it must be gone); safe to repeat."""
+        self.data = torch.empty(0, dtype=torch.uint8)
+        words, self._words = self._words, None  # type: ignore[assignment]
+        del words
+        with contextlib.suppress(BufferError, ValueError):
+            self._map.close()
+
+
+def _free_bytes() -> int:
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return stat.f_bavail * stat.f_frsize
+
+
+def _stopped(peer: Identity) -> bool:
+    state, start = _stat(peer.pid)
+    return state in ("T", "t") and start == peer.start
+
+
+class Barrier:
+    """The ranks' meeting point: numbered barriers on the segment's counters (see module doc).
+
+    ``peers`` maps each other group rank to (its global rank, its identity), for naming and
+    liveness. ``timeout_s`` bounds each collective, counted from :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        segment: Segment,
+        rank: int,
+        peers: Mapping[int, tuple[int, Identity]],
+        timeout_s: float,
+        op: str = "collective",
+    ) -> None:
+        self.segment = segment
+        self.rank = rank
+        self.peers = dict(peers)
+        self.timeout_s = timeout_s
+        self.number = 0  # barriers met so far: the same on every rank
+        self.op = op
+        self._deadline = 0.0
+
+    def start(self, op: str) -> None:
+        """Begin a collective: its deadline is the group timeout from now."""
+        self.op = op
+        self._deadline = time.monotonic() + self.timeout_s
+
+    def meet(self) -> None:
+        """Arrive, then return once every rank has arrived; raise a typed error if one cannot."""
+        self.number += 1
+        target = self.number
+        segment = self.segment
+        segment.arrive(self.rank, target)
+        for peer in self.peers:
+            seen = segment.counter(peer)
+            spins = 0
+            while (seen - target) & _MASK >= _HALF:  # peer's counter is behind ours
+                if spins < _SPINS:
+                    spins += 1
+                else:
+                    before = time.monotonic()
+                    segment.sleep_on(peer, seen, _SLICE_S)
+                    if time.monotonic() - before >= _SLICE_S * 0.9:
+                        self._check(target)
+                seen = segment.counter(peer)
+
+    def _behind(self, target: int) -> list[int]:
+        """Return the group ranks that have not reached barrier ``target``."""
+        segment = self.segment
+        return [p for p in self.peers if (segment.counter(p) - target) & _MASK >= _HALF]
+
+    def _check(self, target: int) -> None:
+        """Raise if a rank we wait for is gone, or the collective ran past its timeout."""
+        behind = self._behind(target)
+        gone = sorted(self.peers[p][0] for p in behind if _dead(self.peers[p][1]))
+        if gone:
+            raise PeerLostError(
+                f"{self.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
+                f"{', '.join(map(str, gone))}) during a shared-memory collective",
+                op=self.op,
+                peer=gone[0],
+                peers=tuple(gone),
+            )
+        if time.monotonic() > self._deadline:
+            stopped = [p for p in behind if _stopped(self.peers[p][1])]
+            late = sorted(self.peers[p][0] for p in (stopped or behind))
+            raise CollectiveTimeoutError(
+                f"{self.op}: timed out after {self.timeout_s:g}s: a peer is alive but not taking "
+                f"part (rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}); the "
+                "shared-memory path of this group is unusable now",
+                op=self.op,
+                peer=late[0] if late else None,
+                peers=tuple(late),
+            )

@@ -1,0 +1,264 @@
+"""The shared-memory path for same-host CPU collectives (``collectives._shm_*``) on gloo groups.
+
+Property tests draw the collective, dtype, ReduceOp, an odd size and a memory layout at world
+sizes 2, 3 and 4 (4 ranks on this 2-core machine: the barrier must not starve anyone); every rank
+checks its result against raw gloo or a local fold and against every other rank's bytes
+(tests/shm_cases.py). Then the failure modes: a killed or stopped peer, leftovers in /dev/shm, a
+segment that cannot be made, and the switch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from distcompat.collectives import _shm_path as shm
+from distcompat.collectives._shm_segment import SHM_DIR, Segment, sweep_leftovers
+from distcompat.testing import RankFailedError, RankTimeoutError, run_on_ranks
+from shm_cases import DTYPES, LAYOUTS, OPS, TEST_SLOT_BYTES, ShmCase, configure, run_shm_case
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+    reason="the shared-memory path is offered on Linux x86-64 only",
+)
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+_PREFIX = "distcompat-shm-"
+
+
+def _defined(case: ShmCase) -> bool:
+    floating = DTYPES[case.dtype].is_floating_point
+    return not (case.op == "AVG" and not floating)
+
+
+_cases = st.builds(
+    ShmCase,
+    collective=st.sampled_from(
+        ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
+    ),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    op=st.sampled_from(OPS),
+    numel=st.one_of(st.integers(1, 40), st.integers(1, 1500).map(lambda n: 2 * n + 1)),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 10_000),
+).filter(_defined)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@SETTINGS
+@given(case=_cases)
+def test_shared_memory_equals_gloo_and_is_identical_on_every_rank(
+    world_size: int, case: ShmCase
+) -> None:
+    assert run_on_ranks(run_shm_case, world_size, args=(case,)) == ["ok"] * world_size
+
+
+def _async_and_sizes() -> dict[str, Any]:
+    """Async handles, 0-d and empty tensors, and sizes around the chunk size on the path."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import CompatWork, all_reduce
+
+    configure()
+    world = dist.get_world_size()
+    seen: dict[str, Any] = {"engaged": shm.status(None).engaged}
+    work = all_reduce(torch.ones(1001), async_op=True)
+    assert isinstance(work, CompatWork)
+    doubled = work.get_future().then(lambda f: f.value()[0] * 2)
+    seen["then"] = doubled.wait()[:2].tolist()
+    seen["async_value"] = work.wait()
+    pending = [all_reduce(torch.full((300,), float(i)), async_op=True) for i in range(5)]
+    sync = torch.ones(7)
+    all_reduce(sync)  # waits for the async ops before it, then runs in this thread
+    seen["in_order"] = [int(w.get_future().value()[0][0]) for w in pending] + [int(sync[0])]
+    scalar, empty = torch.tensor(2.0), torch.empty(0, 3)
+    all_reduce(scalar)
+    all_reduce(empty)
+    seen["scalar"], seen["empty"] = float(scalar), list(empty.shape)
+    per_chunk = TEST_SLOT_BYTES // 4
+    for n in (per_chunk - 1, per_chunk, per_chunk + 1, 2 * per_chunk, 7 * per_chunk + 3):
+        t = torch.arange(n, dtype=torch.float32)
+        all_reduce(t)
+        assert torch.equal(t, torch.arange(n, dtype=torch.float32) * world), n
+    seen["world"] = world
+    return seen
+
+
+def test_async_ops_have_working_futures_and_keep_issue_order() -> None:
+    seen = run_on_ranks(_async_and_sizes, 2)[0]
+    assert seen["engaged"]
+    assert seen["then"] == [4.0, 4.0]
+    assert seen["async_value"] is True
+    assert seen["in_order"] == [0, 2, 4, 6, 8, 2]
+    assert (seen["scalar"], seen["empty"]) == (4.0, [0, 3])
+
+
+def _fault(fault: str, record: str) -> None:
+    """The last rank is SIGKILLed or SIGSTOPped while the others are in a shared-memory op."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import CollectiveTimeoutError, PeerLostError, all_reduce
+
+    configure()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(ranks=list(range(world)), timeout=timedelta(seconds=2))
+    for _ in range(3):
+        all_reduce(torch.ones(1 << 12), group=group)
+    assert shm.status(group).engaged
+    dist.barrier(group=group)
+    if rank == world - 1:
+        time.sleep(0.3)  # let the others enter the collective first
+        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        time.sleep(60)
+    started = time.monotonic()
+    try:
+        for _ in range(100_000):
+            all_reduce(torch.ones(1 << 12), group=group)
+        seen: dict[str, Any] = {"error": "none"}
+    except (PeerLostError, CollectiveTimeoutError) as exc:
+        seen = {
+            "error": type(exc).__name__,
+            "bases": [base.__name__ for base in type(exc).__mro__],
+            "peers": list(exc.peers),
+            "message": str(exc),
+        }
+    seen["after_s"] = time.monotonic() - started
+    seen["leftovers"] = [n for n in os.listdir(SHM_DIR) if n.startswith(_PREFIX)]
+    with open(f"{record}.rank{rank}", "w") as out:
+        json.dump(seen, out)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(
+    ("fault", "error", "base", "within_s"),
+    [
+        ("kill", "PeerLostError", "ConnectionError", 2.0),
+        ("stop", "CollectiveTimeoutError", "TimeoutError", 2.0 + 3.0),  # the group timeout + slack
+    ],
+)
+def test_a_killed_or_stopped_peer_raises_the_typed_error_naming_it(
+    fault: str, error: str, base: str, within_s: float, world_size: int, tmp_path: Any
+) -> None:
+    """The same errors and bounds as the gloo path (test_collectives_work.py)."""
+    victim = world_size - 1
+    record = tmp_path / "seen"
+    with pytest.raises((RankFailedError, RankTimeoutError)):  # the victim died or hung, by design
+        # a stopped rank never answers: the pool gives up on it after the survivors are done
+        run_on_ranks(
+            _fault, world_size, args=(fault, str(record)), timeout=15 if fault == "kill" else 8
+        )
+    for rank in range(victim):
+        seen = json.loads((tmp_path / f"seen.rank{rank}").read_text())
+        assert seen["error"] == error, seen
+        assert base in seen["bases"]
+        assert seen["peers"] == [victim]
+        assert f"(rank {victim})" in seen["message"]
+        assert seen["after_s"] < within_s
+        assert seen["leftovers"] == []  # unlinked at setup: a crash leaves nothing behind
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(_PREFIX)}
+
+
+def _set_up_and_list() -> list[str]:
+    configure()
+    from distcompat.collectives import all_reduce
+
+    all_reduce(torch.ones(64))
+    return sorted(_ours())
+
+
+def test_nothing_is_left_in_dev_shm_after_setup_and_exit() -> None:
+    before = _ours()
+    assert set(run_on_ranks(_set_up_and_list, 3)[0]) <= before  # unlinked once every rank mapped
+    from distcompat.testing import shutdown_pools
+
+    shutdown_pools()  # the ranks exit normally
+    assert _ours() <= before
+
+
+def test_a_segment_left_by_a_killed_creator_is_swept() -> None:
+    """A SIGKILL between create and unlink (the only window) leaves a name; setup sweeps it."""
+    code = (
+        "import os, signal\n"
+        "from distcompat.collectives._shm_segment import Segment\n"
+        "s = Segment.create(2, 4096)\n"
+        "print(s.path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL
+    left = child.stdout.strip()
+    assert os.path.exists(left)
+    alive = Segment.create(2, 4096)  # this process is alive: its segment stays
+    try:
+        removed = sweep_leftovers()
+        assert os.path.basename(left) in removed
+        assert not os.path.exists(left)
+        assert os.path.exists(alive.path)
+    finally:
+        alive.unlink()
+        alive.close()
+
+
+def _cannot_reserve() -> dict[str, Any]:
+    """A segment larger than /dev/shm (a stand-in for a container's 64 MB): gloo, with a reason."""
+    import warnings
+
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_reduce
+
+    configure(slot_bytes=1 << 50)  # posix_fallocate fails with ENOSPC at once
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t = torch.ones(5)
+        all_reduce(t)
+    status = shm.status(None)
+    configure()  # back to the tests' slot size for later tests on these ranks
+    return {
+        "value": t.tolist(),
+        "world": dist.get_world_size(),
+        "engaged": status.engaged,
+        "reason": status.reason,
+        "warned": [str(w.message) for w in caught if w.category is shm.SharedMemoryFallbackWarning],
+    }
+
+
+def test_a_segment_that_cannot_be_made_falls_back_to_gloo_with_a_reason() -> None:
+    seen = run_on_ranks(_cannot_reserve, 2)
+    for rank, one in enumerate(seen):
+        assert one["value"] == [2.0] * 5
+        assert not one["engaged"]
+        assert "failed on rank 0" in one["reason"]
+        assert "MiB free" in one["reason"]
+        assert len(one["warned"]) == (1 if rank == 0 else 0)  # rank 0 prints it
+
+
+def _switched_off() -> tuple[bool, str, str]:
+    from distcompat.collectives import all_reduce, explain_collective
+
+    configure(mode="off")
+    t = torch.ones(3)
+    all_reduce(t)
+    plan = str(explain_collective("all_reduce", t))
+    engaged, reason = shm.status(None).engaged, shm.status(None).reason
+    configure()
+    return engaged, reason, plan
+
+
+def test_distcompat_shm_off_keeps_gloo_and_says_so() -> None:
+    engaged, reason, plan = run_on_ranks(_switched_off, 2)[0]
+    assert not engaged
+    assert reason == "off: DISTCOMPAT_SHM=off"
+    assert "DISTCOMPAT_SHM=off" in plan
