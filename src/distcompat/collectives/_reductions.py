@@ -129,7 +129,7 @@ def all_reduce(
         flat = wire.view(-1)
         return issue(
             "all_reduce",
-            lambda a: engine.run("all_reduce", lambda: engine.all_reduce(flat, plan.op), a),
+            lambda a: engine.run("all_reduce", engine.all_reduce(flat, plan.op), a),
             group,
             [tensor],
             finish,

@@ -4,7 +4,7 @@ Each op moves a tensor through the segment in chunks of at most one slot per ran
 between the segment's two buffers, so a fixed-size segment carries tensors of any size and a
 chunk's writes never meet a peer's reads of the chunk before::
 
-    engine.run("all_reduce", lambda: engine.all_reduce(flat, dist.ReduceOp.SUM), async_op=False)
+    engine.run("all_reduce", engine.all_reduce(flat, dist.ReduceOp.SUM), async_op=False)
 
 ``all_reduce`` is a reduce-scatter then an all-gather inside the segment: every rank copies its
 chunk into its slot; after a barrier rank ``r`` reduces part ``r`` of the chunk over the slots of
@@ -14,17 +14,20 @@ is shared by the ranks, and every rank copies the same bytes, so results are bit
 ranks. ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` need one barrier
 per chunk.
 
-Synchronous calls run in the caller's thread (after any async ops of the group still pending);
-async calls run in issue order on one thread per group and complete a ``ShmWork``, which has the
-``wait(timeout)`` / ``get_future()`` of a backend Work, so :func:`issue`, the watchdog and
-:class:`CompatWork` treat it as one.
+An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls
+run in the caller's thread (after any async ops of the group still pending), also when the
+watchdog waits for them in bounded slices; async calls run in issue order on one thread per
+group. Both hand back a ``ShmWork``, which has the ``wait(timeout)`` / ``get_future()`` of a
+backend Work, so :func:`issue`, the watchdog and :class:`CompatWork` treat it as one.
 """
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -49,17 +52,40 @@ REDUCERS: dict[Any, _Reducer] = {
     R.BXOR: torch.bitwise_xor,
 }
 _ALIGN = 64  # parts of a chunk start on cache-line boundaries: ranks write disjoint lines
+#: Elements per torch op: below torch's grain size (32768) its kernels run in this thread only.
+#: Intra-op threads would spin in OpenMP while the other ranks need the cores (measured: 60x
+#: slower at 1 MiB with 2 threads per rank, 2 ranks on 2 cores).
+_SERIAL = 32768 - 64
+_memmove = ctypes.memmove  # a plain memcpy that releases the GIL and starts no threads
+
+
+def _move(dst: int, src: int, nbytes: int) -> None:
+    if nbytes > 0:
+        _memmove(dst, src, nbytes)
+
+
+Steps = Iterator[None]  # an op's body: runs up to each barrier and yields there
 
 
 class ShmWork:
-    """What an async shared-memory op returns: a backend Work's ``wait`` and ``get_future``."""
+    """An op on the path with a backend Work's ``wait(timeout)`` and ``get_future()``.
 
-    __slots__ = ("_done", "_error", "_future")
+    Until :meth:`get_future` asks for it to complete on its own (an async op), the op runs in the
+    thread that waits for it, slice by slice, so a synchronous call costs no thread hand-off
+    and the watchdog's bounded waits still see it.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_done", "_engine", "_error", "_future", "_queued", "op", "steps", "target")
+
+    def __init__(self, engine: Engine, op: str, steps: Steps) -> None:
+        self._engine = engine
+        self.op = op
+        self.steps = steps
+        self.target: int | None = None  # the barrier this op waits at between slices
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._queued = False
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done and raise the op's error; ``RuntimeError`` if ``timeout`` passes first.
@@ -67,8 +93,13 @@ class ShmWork:
         A zero timeout means none, as for torch's ``Work.wait``.
         """
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        if not self._done.wait(seconds or None):
-            raise RuntimeError(f"shared-memory collective still running after {seconds:g}s")
+        until = time.monotonic() + seconds if seconds else None
+        if not self._queued and not self._done.is_set():
+            self._engine.drive_here(self, until)
+        else:
+            self._done.wait(None if until is None else max(0.0, until - time.monotonic()))
+        if not self._done.is_set():
+            raise RuntimeError(f"{self.op} on shared memory still running after {seconds:g}s")
         if self._error is not None:
             raise self._error
         return True
@@ -78,7 +109,10 @@ class ShmWork:
         return self._done.is_set()
 
     def get_future(self) -> torch.futures.Future[Any]:
-        """Return the future the op completes (value None) or fails."""
+        """Return the op's future (value None), and let the group's thread complete the op."""
+        if not self._queued and not self._done.is_set():
+            self._queued = True
+            self._engine.submit(self)
         return self._future
 
     def settle(self, error: BaseException | None) -> None:
@@ -109,24 +143,67 @@ class Engine:
         self.world = world
         self.broken = ""  # why the path can no longer be used on this group ('' while it can)
         self._chunks = 0  # chunks moved so far: the same on every rank; picks the buffer
-        self._queue: queue.SimpleQueue[tuple[str, Callable[[], None], ShmWork] | None] = (
-            queue.SimpleQueue()
-        )
+        self._queue: queue.SimpleQueue[ShmWork | None] = queue.SimpleQueue()
         self._pending = 0
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
 
     # -- running ops in issue order ------------------------------------------------------------
 
-    def run(self, op: str, body: Callable[[], None], async_op: bool) -> ShmWork | None:
-        """Run ``body`` now (sync, after pending async ops) or queue it and return its work."""
-        if not async_op:
-            with self._idle:
-                while self._pending:
-                    self._idle.wait()
-            self._execute(op, body)
-            return None
-        work = ShmWork()
+    def run(self, op: str, steps: Steps, async_op: bool) -> ShmWork | None:
+        """Run ``steps`` to the end here (sync), or return its work (async).
+
+        The work runs when waited on, or on the group's thread once its future is asked for.
+        """
+        work = ShmWork(self, op, steps)
+        if async_op:
+            return work
+        self.drive_here(work, None)
+        work.wait()  # raises the op's error
+        return None
+
+    def drive_here(self, work: ShmWork, until: float | None) -> None:
+        """Run ``work`` in this thread, after the ops queued before it, until done or ``until``."""
+        with self._idle:
+            while self._pending:
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                self._idle.wait(left)
+        self._step(work, until)
+
+    def _step(self, work: ShmWork, until: float | None) -> None:
+        """Advance ``work`` barrier by barrier until it ends (settled) or ``until`` passes."""
+        barrier = self.barrier
+        try:
+            if work.target is None and not self.broken:
+                barrier.start(work.op)
+            elif self.broken:
+                raise CollectiveError(
+                    f"{work.op}: the shared-memory path of this group failed before: {self.broken}",
+                    op=work.op,
+                    peer=None,
+                )
+            while True:
+                if work.target is not None:
+                    if not barrier.wait_for(work.target, until):
+                        return  # a slice ended: a later wait goes on from here
+                    work.target = None
+                try:
+                    next(work.steps)
+                except StopIteration:
+                    break
+                work.target = barrier.arrive()
+        except CollectiveError as exc:
+            self.broken = self.broken or str(exc)
+            work.settle(exc)
+        except BaseException as exc:  # handed to the waiter, never lost in the group's thread
+            work.settle(exc)
+        else:
+            work.settle(None)
+
+    def submit(self, work: ShmWork) -> None:
+        """Queue ``work`` for the group's thread (ops run in the order they were queued)."""
         with self._idle:
             self._pending += 1
             if self._thread is None:
@@ -134,42 +211,21 @@ class Engine:
                     target=self._serve, name="distcompat-shm", daemon=True
                 )
                 self._thread.start()
-        self._queue.put((op, body, work))
-        return work
-
-    def _execute(self, op: str, body: Callable[[], None]) -> None:
-        if self.broken:
-            raise CollectiveError(
-                f"{op}: the shared-memory path of this group failed before: {self.broken}",
-                op=op,
-                peer=None,
-            )
-        self.barrier.start(op)
-        try:
-            body()
-        except CollectiveError as exc:
-            self.broken = str(exc)
-            raise
+        self._queue.put(work)
 
     def _serve(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            work = self._queue.get()
+            if work is None:
                 return
-            op, body, work = item
-            error: BaseException | None = None
-            try:
-                self._execute(op, body)
-            except BaseException as exc:  # handed to the waiter, never lost in this thread
-                error = exc
+            self._step(work, None)
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()
-            work.settle(error)
-            del item, body, work
+            del work
 
     def close(self) -> None:
-        """End the async thread after the ops queued; unmap once no op can run any more."""
+        """End the async thread after the ops queued (the group is gone)."""
         self.broken = self.broken or "the group was destroyed"
         self._queue.put(None)
 
@@ -179,74 +235,115 @@ class Engine:
         self._chunks += 1
         return self._chunks & 1
 
-    def all_reduce(self, flat: torch.Tensor, op: Any) -> None:
+    def all_reduce(self, flat: torch.Tensor, op: Any) -> Steps:
         """Reduce ``flat`` in place across the ranks, parts reduced in rank order 0..w-1.
 
-        AVG (floating dtypes) is the sum divided by the world size, on the reduced part.
+        Rank ``r`` copies in only the parts other ranks reduce, reads its own part of its own
+        input where it is, reduces its part into its slot (whose part ``r`` it left free) and
+        into ``flat``, then copies the other ranks' reduced parts out of their slots. AVG
+        (floating dtypes) is the sum divided by the world size, on the reduced part.
         """
         average = op == R.AVG
         fold = REDUCERS[R.SUM if average else op]
         seg, me, world = self.segment, self.rank, self.world
-        itemsize = flat.element_size()
+        size, itemsize = flat.numel(), flat.element_size()
+        base = flat.data_ptr()
         step = seg.slot_bytes // itemsize
-        for start in range(0, flat.numel(), step):
-            count = min(step, flat.numel() - start)
+        for start in range(0, size, step):
+            count = min(step, size - start)
             buffer = self._next_buffer()
-            seg.slot(buffer, me, count, flat.dtype).copy_(flat[start : start + count])
-            self.barrier.meet()
-            lo, hi = _part(count, world, me, itemsize)
-            if hi > lo:
-                acc = seg.slot(buffer, 0, count, flat.dtype)[lo:hi]
-                for other in range(1, world):
-                    fold(acc, seg.slot(buffer, other, count, flat.dtype)[lo:hi], out=acc)
+            slots = seg.slots(flat.dtype)[buffer]
+            mine = seg.address(buffer, me)
+            here = base + start * itemsize
+            parts = [_part(count, world, r, itemsize) for r in range(world)]
+            lo, hi = parts[me]
+            _move(mine, here, lo * itemsize)  # the parts the other ranks reduce
+            _move(mine + hi * itemsize, here + hi * itemsize, (count - hi) * itemsize)
+            yield
+            chunk = flat[start : start + count]
+            for a in range(lo, hi, _SERIAL):
+                b = min(hi, a + _SERIAL)
+                acc = slots[me][a:b]
+                terms = [chunk[a:b] if r == me else slots[r][a:b] for r in range(world)]
+                fold(terms[0], terms[1], out=acc)
+                for term in terms[2:]:
+                    fold(acc, term, out=acc)
                 if average:
                     acc.div_(world)
-            self.barrier.meet()
-            flat[start : start + count].copy_(seg.slot(buffer, 0, count, flat.dtype))
+            _move(here + lo * itemsize, mine + lo * itemsize, (hi - lo) * itemsize)
+            yield
+            for r, (a, b) in enumerate(parts):
+                if r != me:
+                    _move(
+                        here + a * itemsize,
+                        seg.address(buffer, r) + a * itemsize,
+                        (b - a) * itemsize,
+                    )
 
-    def broadcast(self, flat: torch.Tensor, root: int) -> None:
+    def broadcast(self, flat: torch.Tensor, root: int) -> Steps:
         """Copy group rank ``root``'s ``flat`` into every rank's (the whole buffer per chunk)."""
         seg, me = self.segment, self.rank
-        step = self.world * seg.slot_bytes // flat.element_size()
-        for start in range(0, flat.numel(), step):
-            count = min(step, flat.numel() - start)
-            buffer = self._next_buffer()
+        size = flat.numel() * flat.element_size()
+        step = self.world * seg.slot_bytes
+        base = flat.data_ptr()
+        for start in range(0, size, step):
+            count = min(step, size - start)
+            region = seg.address(self._next_buffer(), 0)
             if me == root:
-                seg.buffer(buffer, count, flat.dtype).copy_(flat[start : start + count])
-            self.barrier.meet()
+                _move(region, base + start, count)
+            yield
             if me != root:
-                flat[start : start + count].copy_(seg.buffer(buffer, count, flat.dtype))
+                _move(base + start, region, count)
 
-    def all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> None:
+    def all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Steps:
         """Gather every rank's ``flat`` into ``out`` (rank r's at ``out[r * n : (r + 1) * n]``)."""
         seg, me, world = self.segment, self.rank, self.world
-        size = flat.numel()
-        rows = out.view(world, size)  # [rank, element]
-        step = seg.slot_bytes // flat.element_size()
-        for start in range(0, size, step):
-            count = min(step, size - start)
+        size = flat.numel() * flat.element_size()  # bytes from each rank
+        source, target = flat.data_ptr(), out.data_ptr()
+        for start in range(0, size, seg.slot_bytes):
+            count = min(seg.slot_bytes, size - start)
             buffer = self._next_buffer()
-            seg.slot(buffer, me, count, flat.dtype).copy_(flat[start : start + count])
-            self.barrier.meet()
+            _move(seg.address(buffer, me), source + start, count)
+            yield
             for rank in range(world):
-                rows[rank, start : start + count].copy_(seg.slot(buffer, rank, count, flat.dtype))
+                _move(target + rank * size + start, seg.address(buffer, rank), count)
 
-    def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> None:
-        """Reduce ``flat`` (w blocks of ``out.numel()``) and keep block ``rank``, in rank order."""
-        fold = REDUCERS[op]
+    def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Steps:
+        """Reduce ``flat`` (w blocks of ``out.numel()``) and keep block ``rank``, in rank order.
+
+        Each rank copies in the blocks of the other ranks' destinations; rank ``r`` folds block
+        ``r`` of every rank (its own from its input) into ``out``.
+        """
+        average = op == R.AVG
+        fold = REDUCERS[R.SUM if average else op]
         seg, me, world = self.segment, self.rank, self.world
-        size = out.numel()
+        size, itemsize = out.numel(), out.element_size()
         blocks = flat.view(world, size)  # [destination rank, element]
-        step = max(1, seg.slot_bytes // flat.element_size() // world)
+        step = max(1, seg.slot_bytes // itemsize // world)
+        source = flat.data_ptr()
         for start in range(0, size, step):
             count = min(step, size - start)
             buffer = self._next_buffer()
-            mine = seg.slot(buffer, me, world * count, flat.dtype).view(world, count)
-            mine.copy_(blocks[:, start : start + count])
-            self.barrier.meet()
-            target = out[start : start + count]
-            slot = seg.slot  # every rank's block for this rank, folded in rank order
-            target.copy_(slot(buffer, 0, world * count, flat.dtype).view(world, count)[me])
-            for other in range(1, world):
-                block = slot(buffer, other, world * count, flat.dtype).view(world, count)[me]
-                fold(target, block, out=target)
+            mine = seg.address(buffer, me)
+            for dest in range(world):
+                if dest != me:
+                    _move(
+                        mine + dest * count * itemsize,
+                        source + (dest * size + start) * itemsize,
+                        count * itemsize,
+                    )
+            yield
+            slots = seg.slots(flat.dtype)[buffer]
+            for a in range(0, count, _SERIAL):
+                b = min(count, a + _SERIAL)
+                target = out[start + a : start + b]
+                lo, hi = me * count + a, me * count + b
+                terms = [
+                    blocks[me, start + a : start + b] if r == me else slots[r][lo:hi]
+                    for r in range(world)
+                ]
+                fold(terms[0], terms[1], out=target)
+                for term in terms[2:]:
+                    fold(target, term, out=target)
+                if average:
+                    target.div_(world)

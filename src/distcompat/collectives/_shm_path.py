@@ -8,7 +8,7 @@ would use the path, through the group's store::
 
     engine = engine_for(group, "all_reduce", wire)   # None: use the backend
     if engine is not None:
-        engine.run("all_reduce", lambda: engine.all_reduce(wire.view(-1), op), async_op)
+        engine.run("all_reduce", engine.all_reduce(wire.view(-1), op), async_op)
 
 Setup: every rank posts its identity and any local problem; rank 0 creates the segment and posts
 its name, or why it could not; every rank maps it and posts the outcome; rank 0 unlinks the name

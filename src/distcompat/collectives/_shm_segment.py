@@ -142,6 +142,8 @@ class Segment:
         self._words = (ctypes.c_uint32 * (_HEADER // 4)).from_buffer(self._map)
         self._base = ctypes.addressof(self._words)
         self.data = torch.frombuffer(self._map, dtype=torch.uint8, offset=_HEADER)
+        self._data_address = self.data.data_ptr()
+        self._slots: dict[torch.dtype, list[list[torch.Tensor]]] = {}
 
     @staticmethod
     def size_for(world: int, slot_bytes: int) -> int:
@@ -198,16 +200,28 @@ class Segment:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
 
-    def slot(self, buffer: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """Return the first ``count`` elements of ``rank``'s slot in ``buffer`` (0 or 1)."""
-        start = (buffer * self.world + rank) * self.slot_bytes
-        nbytes = count * dtype.itemsize
-        return self.data[start : start + nbytes].view(dtype)
+    def slots(self, dtype: torch.dtype) -> list[list[torch.Tensor]]:
+        """Return every slot as a ``dtype`` tensor: ``slots(dtype)[buffer][rank]`` (cached)."""
+        found = self._slots.get(dtype)
+        if found is None:
+            count = self.slot_bytes // dtype.itemsize
+            found = self._slots[dtype] = [
+                [
+                    self.slot_at(b, r)[: count * dtype.itemsize].view(dtype)
+                    for r in range(self.world)
+                ]
+                for b in (0, 1)
+            ]
+        return found
 
-    def buffer(self, buffer: int, count: int, dtype: torch.dtype) -> torch.Tensor:
-        """Return the first ``count`` elements of ``buffer``'s slots taken as one region."""
-        start = buffer * self.world * self.slot_bytes
-        return self.data[start : start + count * dtype.itemsize].view(dtype)
+    def slot_at(self, buffer: int, rank: int) -> torch.Tensor:
+        """Return ``rank``'s slot in ``buffer`` as bytes."""
+        start = (buffer * self.world + rank) * self.slot_bytes
+        return self.data[start : start + self.slot_bytes]
+
+    def address(self, buffer: int, rank: int) -> int:
+        """Return the address of ``rank``'s slot in ``buffer`` (slots of a buffer are adjacent)."""
+        return self._data_address + (buffer * self.world + rank) * self.slot_bytes
 
     def counter(self, rank: int) -> int:
         """Return ``rank``'s arrival counter."""
@@ -225,6 +239,7 @@ class Segment:
     def close(self) -> None:
         """Unmap (the views into it must be gone); safe to repeat."""
         self.data = torch.empty(0, dtype=torch.uint8)
+        self._slots.clear()
         words, self._words = self._words, None  # type: ignore[assignment]
         del words
         with contextlib.suppress(BufferError, ValueError):
@@ -274,10 +289,21 @@ class Barrier:
 
     def meet(self) -> None:
         """Arrive, then return once every rank has arrived; raise a typed error if one cannot."""
+        self.wait_for(self.arrive(), None)
+
+    def arrive(self) -> int:
+        """Arrive at the next barrier (after this rank's writes for it); return its number."""
         self.number += 1
-        target = self.number
+        self.segment.arrive(self.rank, self.number)
+        return self.number
+
+    def wait_for(self, target: int, until: float | None) -> bool:
+        """Wait until every rank reached barrier ``target``: True; False once ``until`` passed.
+
+        ``until`` (a ``time.monotonic()`` value) ends a slice of a wait that a later call goes
+        on with; dead peers and the collective's own timeout raise whatever the slice.
+        """
         segment = self.segment
-        segment.arrive(self.rank, target)
         for peer in self.peers:
             seen = segment.counter(peer)
             spins = 0
@@ -286,10 +312,14 @@ class Barrier:
                     spins += 1
                 else:
                     before = time.monotonic()
-                    segment.sleep_on(peer, seen, _SLICE_S)
+                    nap = _SLICE_S if until is None else min(_SLICE_S, until - before)
+                    if nap <= 0:
+                        return False
+                    segment.sleep_on(peer, seen, nap)
                     if time.monotonic() - before >= _SLICE_S * 0.9:
                         self._check(target)
                 seen = segment.counter(peer)
+        return True
 
     def _behind(self, target: int) -> list[int]:
         """Return the group ranks that have not reached barrier ``target``."""
