@@ -54,6 +54,13 @@ def configure(mode: str = "on", slot_bytes: int = TEST_SLOT_BYTES) -> None:
     os.environ["DISTCOMPAT_SHM"] = mode
     shm.SLOT_BYTES = slot_bytes
     shm.reset()
+    all_reduce(torch.zeros(1))  # every rank: decide the path (and set it up) now
+
+
+def calls_on_path(group: Any = None) -> int:
+    """Return how many ops the group's shared-memory engine ran (-1: it has none)."""
+    found = shm._groups.get(group if group is not None else tdist.group.WORLD)
+    return found.calls if isinstance(found, shm.Engine) else -1
 
 
 def inputs(case: ShmCase, rank: int, rows: int) -> torch.Tensor:
@@ -114,6 +121,7 @@ def run_shm_case(case: ShmCase) -> str:
     if not shm.status(None).engaged:
         return f"not on shared memory: {shm.status(None).reason}"
     dtype = DTYPES[case.dtype]
+    calls = calls_on_path()
     if case.collective == "all_reduce":
         logical = inputs(case, rank, 2)
         tensor = laid_out(logical, case.layout)
@@ -144,6 +152,8 @@ def run_shm_case(case: ShmCase) -> str:
         expected = _fold(stack, case.op, dtype)
         result = torch.empty(case.numel, dtype=dtype)
         reduce_scatter_tensor(result, source, op=getattr(R, case.op))
+    if calls_on_path() != calls + 1:
+        return f"rank {rank}: {case.collective} did not go through shared memory"
     if not _close(result, expected, case):
         diff = (result.double() - expected.double()).abs().max().item()
         return f"rank {rank}: differs from the reference by up to {diff}"

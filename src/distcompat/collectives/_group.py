@@ -16,6 +16,7 @@ __all__ = [
     "NotInGroupError",
     "backend_for",
     "global_rank",
+    "group_rank_of",
     "group_size",
     "is_root",
     "rank_in",
@@ -68,6 +69,17 @@ def is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
     if group_rank is not None:
         return rank_in(group) == group_rank
     return dist.get_rank() == rank
+
+
+def group_rank_of(group: Any, rank: int | None, group_rank: int | None) -> int:
+    """Return the rank within ``group`` of a root named by global ``rank`` or by ``group_rank``."""
+    if group_rank is not None:
+        return group_rank
+    if rank is None:
+        raise ValueError("a root rank is needed: pass src/dst or group_src/group_dst")
+    if group is None or group is dist.group.WORLD:
+        return rank
+    return dist.get_group_rank(group, rank)
 
 
 def root_kwargs(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:

@@ -142,6 +142,7 @@ class Engine:
         self.rank = rank
         self.world = world
         self.broken = ""  # why the path can no longer be used on this group ('' while it can)
+        self.calls = 0  # ops run on the path (tests and benchmarks read it)
         self._chunks = 0  # chunks moved so far: the same on every rank; picks the buffer
         self._queue: queue.SimpleQueue[ShmWork | None] = queue.SimpleQueue()
         self._pending = 0
@@ -155,6 +156,7 @@ class Engine:
 
         The work runs when waited on, or on the group's thread once its future is asked for.
         """
+        self.calls += 1
         work = ShmWork(self, op, steps)
         if async_op:
             return work

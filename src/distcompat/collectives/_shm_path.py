@@ -66,9 +66,12 @@ MIN_BYTES: dict[str, int] = {
     "broadcast": 0,
     "all_gather_into_tensor": 0,
     "reduce_scatter_tensor": 0,
+    "reduce_scatter": 0,  # the list form: taken as reduce_scatter_tensor of the concatenation
 }
 #: The collectives that take the path where it applies (the others always use the backend).
-WIRED = frozenset({"all_reduce"})
+WIRED = frozenset(
+    {"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter"}
+)
 _KEY = "distcompat/shm"
 _ARITHMETIC = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
 _DEFAULT_TIMEOUT_S = 1800.0
