@@ -23,6 +23,7 @@ from distcompat.collectives import (
     broadcast,
     reduce_scatter_tensor,
 )
+from distcompat.collectives._shm_engine import Engine
 
 R = tdist.ReduceOp
 #: Slot bytes in the tests: a few hundred elements per chunk, so sizes up to ~3000 pipeline.
@@ -60,7 +61,7 @@ def configure(mode: str = "on", slot_bytes: int = TEST_SLOT_BYTES) -> None:
 def calls_on_path(group: Any = None) -> int:
     """Return how many ops the group's shared-memory engine ran (-1: it has none)."""
     found = shm._groups.get(group if group is not None else tdist.group.WORLD)
-    return found.calls if isinstance(found, shm.Engine) else -1
+    return found.calls if isinstance(found, Engine) else -1
 
 
 def inputs(case: ShmCase, rank: int, rows: int) -> torch.Tensor:

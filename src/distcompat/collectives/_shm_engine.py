@@ -11,8 +11,9 @@ chunk into its slot; after a barrier rank ``r`` reduces part ``r`` of the chunk 
 ranks 0, 1, ..., w-1 in that order (the same order for every part, on every run), into rank 0's
 slot; after a second barrier every rank copies the whole reduced chunk out. The work of reducing
 is shared by the ranks, and every rank copies the same bytes, so results are bit-identical on all
-ranks. ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` need one barrier
-per chunk.
+ranks. Tensors up to ``SMALL_BYTES`` take one barrier instead: every rank folds every slot
+itself, in the same order. ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+need one barrier per chunk.
 
 An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls
 run in the caller's thread (after any async ops of the group still pending), also when the
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._shm_segment import Barrier, Segment
 
-__all__ = ["REDUCERS", "Engine", "ShmWork"]
+__all__ = ["REDUCERS", "SMALL_BYTES", "Engine", "ShmWork"]
 
 R = dist.ReduceOp
 _Reducer = Callable[..., torch.Tensor]
@@ -56,6 +57,9 @@ _ALIGN = 64  # parts of a chunk start on cache-line boundaries: ranks write disj
 #: Intra-op threads would spin in OpenMP while the other ranks need the cores (measured: 60x
 #: slower at 1 MiB with 2 threads per rank, 2 ranks on 2 cores).
 _SERIAL = 32768 - 64
+#: Tensors up to this size are all-reduced with one barrier: every rank folds every slot (the
+#: same order everywhere, so the same bits), instead of each reducing a part and a second barrier.
+SMALL_BYTES = 64 << 10
 _memmove = ctypes.memmove  # a plain memcpy that releases the GIL and starts no threads
 
 
@@ -250,6 +254,18 @@ class Engine:
         seg, me, world = self.segment, self.rank, self.world
         size, itemsize = flat.numel(), flat.element_size()
         base = flat.data_ptr()
+        if size * itemsize <= min(SMALL_BYTES, seg.slot_bytes):
+            # One barrier instead of two: every rank folds every slot, in the same order
+            buffer = self._next_buffer()
+            _move(seg.address(buffer, me), base, size * itemsize)
+            yield
+            terms = [slot[:size] for slot in seg.slots(flat.dtype)[buffer]]
+            fold(terms[0], terms[1], out=flat)
+            for term in terms[2:]:
+                fold(flat, term, out=flat)
+            if average:
+                flat.div_(world)
+            return
         step = seg.slot_bytes // itemsize
         for start in range(0, size, step):
             count = min(step, size - start)

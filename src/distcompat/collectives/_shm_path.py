@@ -57,8 +57,9 @@ __all__ = [
     "status",
 ]
 
-#: Bytes of one rank's slot: chunks of a larger tensor are pipelined through it.
-SLOT_BYTES = 1 << 20
+#: Bytes of one rank's slot: chunks of a larger tensor are pipelined through it (halved where
+#: /dev/shm is small: ``Segment.fit``).
+SLOT_BYTES = 4 << 20
 #: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory:
 #: below it gloo measured as fast or faster (benchmarks/README.md).
 MIN_BYTES: dict[str, int] = {
@@ -245,8 +246,8 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
     if rank == 0:
         sweep_leftovers()
         try:
-            segment = Segment.create(world, SLOT_BYTES)
-            store.set(f"{base}/name", segment.path)
+            segment = Segment.create(world, Segment.fit(world, SLOT_BYTES))
+            store.set(f"{base}/name", f"{segment.slot_bytes} {segment.path}")
         except SegmentError as exc:
             problem = f"failed on rank {global_rank(key, 0)}: {exc.strerror or exc}"
             store.set(f"{base}/name", "!" + problem)
@@ -255,8 +256,9 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
         if name.startswith("!"):
             problem = name[1:]
         else:
+            slot_bytes, path = name.split(" ", 1)
             try:
-                segment = Segment.attach(name, world, SLOT_BYTES)
+                segment = Segment.attach(path, world, int(slot_bytes))
             except SegmentError as exc:
                 problem = f"failed on rank {global_rank(key, rank)}: {exc.strerror or exc}"
     store.set(f"{base}/mapped/{rank}", "!" + problem if problem else "ok")

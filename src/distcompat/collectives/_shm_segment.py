@@ -37,7 +37,15 @@ import torch
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._peers import Identity, _dead, _stat
 
-__all__ = ["SHM_DIR", "Barrier", "Segment", "SegmentError", "platform_problem", "sweep_leftovers"]
+__all__ = [
+    "MIN_SLOT_BYTES",
+    "SHM_DIR",
+    "Barrier",
+    "Segment",
+    "SegmentError",
+    "platform_problem",
+    "sweep_leftovers",
+]
 
 SHM_DIR = "/dev/shm"
 _PREFIX = "distcompat-shm-"
@@ -53,6 +61,13 @@ _WAKE_ALL = 0x7FFFFFFF
 _MASK, _HALF = 0xFFFFFFFF, 0x80000000
 _SPINS = 64  # looks at a peer's counter before sleeping (a few microseconds of Python)
 _SLICE_S = 0.05  # longest sleep between two looks at the peers' liveness and the deadline
+#: The smallest slot a segment is made with (a smaller /dev/shm falls back to gloo).
+MIN_SLOT_BYTES = 64 << 10
+
+
+def _ranks_in(free: int) -> int:
+    """Return how many ranks' smallest segment fits in half of ``free`` bytes."""
+    return max(0, (free // 2 - _HEADER) // (2 * MIN_SLOT_BYTES))
 
 
 class SegmentError(OSError):
@@ -149,6 +164,27 @@ class Segment:
     def size_for(world: int, slot_bytes: int) -> int:
         """Return the bytes a segment for ``world`` ranks with ``slot_bytes`` slots takes."""
         return _HEADER + 2 * world * slot_bytes
+
+    @classmethod
+    def fit(cls, world: int, wanted: int) -> int:
+        """Return the slot size to use: ``wanted``, halved until the segment fits.
+
+        The segment may take at most half of what ``/dev/shm`` has free; below
+        ``MIN_SLOT_BYTES`` there is no room, and :class:`SegmentError` says so.
+        """
+        free = _free_bytes()
+        slot = wanted
+        while cls.size_for(world, slot) > free // 2 and slot > MIN_SLOT_BYTES:
+            slot //= 2
+        if cls.size_for(world, slot) > free // 2:
+            need = cls.size_for(world, slot) * 2 / 2**20
+            raise SegmentError(
+                None,
+                f"{SHM_DIR} has {free / 2**20:.1f} MiB free; the path wants twice its "
+                f"{need / 2:.1f} MiB segment there (a container's default 64 MiB is enough for "
+                f"{_ranks_in(64 << 20)} ranks)",
+            )
+        return slot
 
     @classmethod
     def create(cls, world: int, slot_bytes: int) -> Segment:
