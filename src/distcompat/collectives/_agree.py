@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import recorded, side_store
+from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
@@ -402,15 +403,22 @@ def _rebuild(text: str, group: Any) -> Any:
         return None
     zeros = torch.zeros([int(n) for n in shape.strip("[]").split(",") if n.strip()], dtype=dtype)
     root = int(fields["root"]) if "root" in fields else None
+    engine = shm.engine_for(group, op, zeros) if op in shm.WIRED else None  # the peers' path
     if op == "broadcast" and root is not None:
+        if engine is not None:
+            return lambda: engine.run(op, engine.broadcast(zeros.view(-1), root), False)
         return lambda: dist.broadcast(zeros, src=root, group=group)
     if op == "all_gather_into_tensor":
         out = torch.empty(zeros.numel() * dist.get_world_size(group), dtype=dtype)
+        if engine is not None:
+            return lambda: engine.run(op, engine.all_gather(out, zeros.view(-1)), False)
         return lambda: all_gather_flat(out, zeros.reshape(-1), group=group)
     if op in ("all_reduce", "reduce") and probed_for(group) is None:
         plan = plan_fast(getattr(dist.ReduceOp, fields.get("reduce_op", "")), dtype)
         if plan is None or plan.gather or plan.factor is not None:
             return None
+        if op == "all_reduce" and engine is not None and shm.reduces(plan.op, dtype):
+            return lambda: engine.run(op, engine.all_reduce(zeros.view(-1), plan.op), False)
         if op == "all_reduce":
             return lambda: dist.all_reduce(zeros, op=plan.op, group=group)
         if root is not None:

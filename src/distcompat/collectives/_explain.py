@@ -104,8 +104,7 @@ def explain_collective(
     if collective in shm.WIRED and tensor.device.type == "cpu":
         kind = plan_call(op, tensor, group, world_size, collective).op if reducing else None
         path = _path(collective, tensor, kind, group, backend)
-        if path.startswith("shared memory"):
-            backend = "shared memory"
+        if path.startswith("shared memory"):  # the group's backend is not used for this call
             steps = [step for step in steps if not step.startswith("reduce-scatter-as-all-to")]
     return CollectivePlan(collective, what, backend, world_size, tuple(steps), decided_by, path)
 

@@ -28,17 +28,18 @@ import ctypes
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
-from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from distcompat.collectives._errors import CollectiveError
-from distcompat.collectives._shm_segment import Barrier, Segment
+from distcompat.collectives._shm_barrier import Barrier
+from distcompat.collectives._shm_segment import Segment
+from distcompat.collectives._shm_work import Call, ShmWork, Steps, signature
 
-__all__ = ["REDUCERS", "SMALL_BYTES", "Engine", "ShmWork"]
+__all__ = ["REDUCERS", "SMALL_BYTES", "Engine"]
 
 R = dist.ReduceOp
 _Reducer = Callable[..., torch.Tensor]
@@ -68,67 +69,6 @@ def _move(dst: int, src: int, nbytes: int) -> None:
         _memmove(dst, src, nbytes)
 
 
-Steps = Iterator[None]  # an op's body: runs up to each barrier and yields there
-
-
-class ShmWork:
-    """An op on the path with a backend Work's ``wait(timeout)`` and ``get_future()``.
-
-    Until :meth:`get_future` asks for it to complete on its own (an async op), the op runs in the
-    thread that waits for it, slice by slice, so a synchronous call costs no thread hand-off
-    and the watchdog's bounded waits still see it.
-    """
-
-    __slots__ = ("_done", "_engine", "_error", "_future", "_queued", "op", "steps", "target")
-
-    def __init__(self, engine: Engine, op: str, steps: Steps) -> None:
-        self._engine = engine
-        self.op = op
-        self.steps = steps
-        self.target: int | None = None  # the barrier this op waits at between slices
-        self._done = threading.Event()
-        self._error: BaseException | None = None
-        self._future: torch.futures.Future[Any] = torch.futures.Future()
-        self._queued = False
-
-    def wait(self, timeout: timedelta | float | None = None) -> bool:
-        """Block until done and raise the op's error; ``RuntimeError`` if ``timeout`` passes first.
-
-        A zero timeout means none, as for torch's ``Work.wait``.
-        """
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        until = time.monotonic() + seconds if seconds else None
-        if not self._queued and not self._done.is_set():
-            self._engine.drive_here(self, until)
-        else:
-            self._done.wait(None if until is None else max(0.0, until - time.monotonic()))
-        if not self._done.is_set():
-            raise RuntimeError(f"{self.op} on shared memory still running after {seconds:g}s")
-        if self._error is not None:
-            raise self._error
-        return True
-
-    def is_completed(self) -> bool:
-        """Return whether the op ended (successfully or not)."""
-        return self._done.is_set()
-
-    def get_future(self) -> torch.futures.Future[Any]:
-        """Return the op's future (value None), and let the group's thread complete the op."""
-        if not self._queued and not self._done.is_set():
-            self._queued = True
-            self._engine.submit(self)
-        return self._future
-
-    def settle(self, error: BaseException | None) -> None:
-        """Record the op's outcome, wake waiters, complete the future."""
-        self._error = error
-        self._done.set()
-        if error is None:
-            self._future.set_result(None)
-        else:
-            self._future.set_exception(error)
-
-
 def _part(count: int, world: int, rank: int, itemsize: int) -> tuple[int, int]:
     """Return rank's [lo, hi) element range of a ``count``-element chunk (cache-line aligned)."""
     align = max(1, _ALIGN // itemsize)
@@ -155,13 +95,13 @@ class Engine:
 
     # -- running ops in issue order ------------------------------------------------------------
 
-    def run(self, op: str, steps: Steps, async_op: bool) -> ShmWork | None:
-        """Run ``steps`` to the end here (sync), or return its work (async).
+    def run(self, op: str, call: Call, async_op: bool) -> ShmWork | None:
+        """Run ``call`` to the end here (sync), or return its work (async).
 
         The work runs when waited on, or on the group's thread once its future is asked for.
         """
         self.calls += 1
-        work = ShmWork(self, op, steps)
+        work = ShmWork(self, op, call)
         if async_op:
             return work
         self.drive_here(work, None)
@@ -183,7 +123,7 @@ class Engine:
         barrier = self.barrier
         try:
             if work.target is None and not self.broken:
-                barrier.start(work.op)
+                barrier.start(work.op, work.signature)
             elif self.broken:
                 raise CollectiveError(
                     f"{work.op}: the shared-memory path of this group failed before: {self.broken}",
@@ -241,7 +181,14 @@ class Engine:
         self._chunks += 1
         return self._chunks & 1
 
-    def all_reduce(self, flat: torch.Tensor, op: Any) -> Steps:
+    def all_reduce(self, flat: torch.Tensor, op: Any) -> Call:
+        """Return the op (see ``_all_reduce``)."""
+        return Call(
+            signature("all_reduce", str(flat.dtype), flat.numel(), str(op)),
+            self._all_reduce(flat, op),
+        )
+
+    def _all_reduce(self, flat: torch.Tensor, op: Any) -> Steps:
         """Reduce ``flat`` in place across the ranks, parts reduced in rank order 0..w-1.
 
         Rank ``r`` copies in only the parts other ranks reduce, reads its own part of its own
@@ -298,7 +245,14 @@ class Engine:
                         (b - a) * itemsize,
                     )
 
-    def broadcast(self, flat: torch.Tensor, root: int) -> Steps:
+    def broadcast(self, flat: torch.Tensor, root: int) -> Call:
+        """Return the op (see ``_broadcast``)."""
+        return Call(
+            signature("broadcast", flat.numel() * flat.element_size(), root),
+            self._broadcast(flat, root),
+        )
+
+    def _broadcast(self, flat: torch.Tensor, root: int) -> Steps:
         """Copy group rank ``root``'s ``flat`` into every rank's (the whole buffer per chunk)."""
         seg, me = self.segment, self.rank
         size = flat.numel() * flat.element_size()
@@ -313,7 +267,14 @@ class Engine:
             if me != root:
                 _move(base + start, region, count)
 
-    def all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Steps:
+    def all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Call:
+        """Return the op (see ``_all_gather``)."""
+        return Call(
+            signature("all_gather", flat.numel() * flat.element_size()),
+            self._all_gather(out, flat),
+        )
+
+    def _all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Steps:
         """Gather every rank's ``flat`` into ``out`` (rank r's at ``out[r * n : (r + 1) * n]``)."""
         seg, me, world = self.segment, self.rank, self.world
         size = flat.numel() * flat.element_size()  # bytes from each rank
@@ -326,7 +287,14 @@ class Engine:
             for rank in range(world):
                 _move(target + rank * size + start, seg.address(buffer, rank), count)
 
-    def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Steps:
+    def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Call:
+        """Return the op (see ``_reduce_scatter``)."""
+        return Call(
+            signature("reduce_scatter", str(out.dtype), out.numel(), str(op)),
+            self._reduce_scatter(out, flat, op),
+        )
+
+    def _reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Steps:
         """Reduce ``flat`` (w blocks of ``out.numel()``) and keep block ``rank``, in rank order.
 
         Each rank copies in the blocks of the other ranks' destinations; rank ``r`` folds block

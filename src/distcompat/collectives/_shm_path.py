@@ -33,10 +33,10 @@ import torch.distributed as dist
 from distcompat._ranks import recorded
 from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._peers import Identity
+from distcompat.collectives._shm_barrier import Barrier
 from distcompat.collectives._shm_engine import REDUCERS, Engine
 from distcompat.collectives._shm_segment import (
     MAX_WORLD,
-    Barrier,
     Segment,
     SegmentError,
     platform_problem,

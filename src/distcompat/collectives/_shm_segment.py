@@ -1,4 +1,4 @@
-"""One shared-memory segment for a group's ranks on this machine, and the barrier they meet at.
+"""One shared-memory segment for a group's ranks on this machine, and the futex words in it.
 
 The segment is a file in ``/dev/shm`` that group rank 0 creates and reserves (``posix_fallocate``:
 a full ``/dev/shm`` fails here, with ENOSPC, not later with SIGBUS), every rank maps, and rank 0
@@ -6,19 +6,14 @@ unlinks as soon as every rank has it mapped: from then on nothing is left in ``/
 kernel frees the memory when the last rank exits, however it exits::
 
     segment = Segment.create(world=2, slot_bytes=1 << 20)   # rank 0; the others: Segment.attach
-    barrier = Barrier(segment, rank=0, peers=identities, timeout_s=600.0)
-    barrier.meet()                                          # every rank has arrived here
+    segment.unlink()                                        # once every rank has it mapped
 
-Layout: one 64-byte line per rank in the first page (that rank's arrival counter, a futex word),
-then two buffers of ``world`` slots of ``slot_bytes`` each (a pipeline alternates between them).
-
-The barrier never spins for long: a rank that finds a peer not yet arrived sleeps in the Linux
-futex wait on that peer's counter (``syscall(SYS_futex)`` through ctypes, which releases the GIL),
-woken by the peer's arrival, so 4 ranks on 2 cores do not starve each other. Every
-``_SLICE_S`` a sleeping rank looks at the peers it waits for: a process that is gone raises
-:class:`PeerLostError` naming it; past the group's timeout, :class:`CollectiveTimeoutError`
-names the ranks that did not arrive. Plain aligned 32-bit stores and loads order correctly only
-on x86-64 (total store order), so the path is offered there only.
+Layout: one 64-byte line per rank in the first page (that rank's arrival word, see
+``_shm_barrier``: the number of the barrier it reached, which is the futex word, and in the
+upper half the signature of its call), then two buffers of ``world`` slots of ``slot_bytes``
+each (a pipeline alternates between them). Each word is written with one aligned 64-bit store
+after the data it announces; x86-64 keeps stores in order (total store order), so the path is
+offered there only.
 """
 
 from __future__ import annotations
@@ -29,18 +24,16 @@ import mmap
 import os
 import platform
 import secrets
-import time
-from collections.abc import Mapping
 
 import torch
 
-from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.collectives._peers import Identity, _dead, _stat
+from distcompat.collectives._peers import Identity, _dead
 
 __all__ = [
+    "MAX_WORLD",
     "MIN_SLOT_BYTES",
+    "NUMBER_MASK",
     "SHM_DIR",
-    "Barrier",
     "Segment",
     "SegmentError",
     "platform_problem",
@@ -58,9 +51,8 @@ _FUTEX_WAIT, _FUTEX_WAKE = (
     1,
 )  # shared (not PRIVATE): the word is in a mapping of several processes
 _WAKE_ALL = 0x7FFFFFFF
-_MASK, _HALF = 0xFFFFFFFF, 0x80000000
-_SPINS = 64  # looks at a peer's counter before sleeping (a few microseconds of Python)
-_SLICE_S = 0.05  # longest sleep between two looks at the peers' liveness and the deadline
+#: The barrier number's half of a rank's arrival word.
+NUMBER_MASK = 0xFFFFFFFF
 #: The smallest slot a segment is made with (a smaller /dev/shm falls back to gloo).
 MIN_SLOT_BYTES = 64 << 10
 
@@ -154,7 +146,7 @@ class Segment:
             self._map = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
-        self._words = (ctypes.c_uint32 * (_HEADER // 4)).from_buffer(self._map)
+        self._words = (ctypes.c_uint64 * (_HEADER // 8)).from_buffer(self._map)
         self._base = ctypes.addressof(self._words)
         self.data = torch.frombuffer(self._map, dtype=torch.uint8, offset=_HEADER)
         self._data_address = self.data.data_ptr()
@@ -260,17 +252,19 @@ class Segment:
         return self._data_address + (buffer * self.world + rank) * self.slot_bytes
 
     def counter(self, rank: int) -> int:
-        """Return ``rank``'s arrival counter."""
-        return int(self._words[rank * _LINE // 4])
+        """Return ``rank``'s arrival word: its op's signature << 32 | its barrier number."""
+        return int(self._words[rank * _LINE // 8])
 
-    def arrive(self, rank: int, value: int) -> None:
-        """Set ``rank``'s counter (after its data writes: x86-64 keeps stores in order), wake."""
-        self._words[rank * _LINE // 4] = value & _MASK
+    def arrive(self, rank: int, number: int, signature: int) -> None:
+        """Store ``rank``'s arrival (one 64-bit store, after its data writes), wake sleepers."""
+        self._words[rank * _LINE // 8] = (signature << 32) | (number & NUMBER_MASK)
         _futex(self._base + rank * _LINE, _FUTEX_WAKE, _WAKE_ALL)
 
     def sleep_on(self, rank: int, seen: int, timeout_s: float) -> None:
-        """Sleep until ``rank``'s counter differs from ``seen``, a wake, or ``timeout_s``."""
-        _futex(self._base + rank * _LINE, _FUTEX_WAIT, seen, timeout_s)
+        """Sleep until ``rank``'s barrier number is not ``seen``, a wake, or ``timeout_s``."""
+        _futex(
+            self._base + rank * _LINE, _FUTEX_WAIT, seen & NUMBER_MASK, timeout_s
+        )  # the low half
 
     def close(self) -> None:
         """Unmap (the views into it must be gone); safe to repeat."""
@@ -288,100 +282,3 @@ def _free_bytes() -> int:
     except OSError:
         return 0
     return stat.f_bavail * stat.f_frsize
-
-
-def _stopped(peer: Identity) -> bool:
-    state, start = _stat(peer.pid)
-    return state in ("T", "t") and start == peer.start
-
-
-class Barrier:
-    """The ranks' meeting point: numbered barriers on the segment's counters (see module doc).
-
-    ``peers`` maps each other group rank to (its global rank, its identity), for naming and
-    liveness. ``timeout_s`` bounds each collective, counted from :meth:`start`.
-    """
-
-    def __init__(
-        self,
-        segment: Segment,
-        rank: int,
-        peers: Mapping[int, tuple[int, Identity]],
-        timeout_s: float,
-        op: str = "collective",
-    ) -> None:
-        self.segment = segment
-        self.rank = rank
-        self.peers = dict(peers)
-        self.timeout_s = timeout_s
-        self.number = 0  # barriers met so far: the same on every rank
-        self.op = op
-        self._deadline = 0.0
-
-    def start(self, op: str) -> None:
-        """Begin a collective: its deadline is the group timeout from now."""
-        self.op = op
-        self._deadline = time.monotonic() + self.timeout_s
-
-    def meet(self) -> None:
-        """Arrive, then return once every rank has arrived; raise a typed error if one cannot."""
-        self.wait_for(self.arrive(), None)
-
-    def arrive(self) -> int:
-        """Arrive at the next barrier (after this rank's writes for it); return its number."""
-        self.number += 1
-        self.segment.arrive(self.rank, self.number)
-        return self.number
-
-    def wait_for(self, target: int, until: float | None) -> bool:
-        """Wait until every rank reached barrier ``target``: True; False once ``until`` passed.
-
-        ``until`` (a ``time.monotonic()`` value) ends a slice of a wait that a later call goes
-        on with; dead peers and the collective's own timeout raise whatever the slice.
-        """
-        segment = self.segment
-        for peer in self.peers:
-            seen = segment.counter(peer)
-            spins = 0
-            while (seen - target) & _MASK >= _HALF:  # peer's counter is behind ours
-                if spins < _SPINS:
-                    spins += 1
-                else:
-                    before = time.monotonic()
-                    nap = _SLICE_S if until is None else min(_SLICE_S, until - before)
-                    if nap <= 0:
-                        return False
-                    segment.sleep_on(peer, seen, nap)
-                    if time.monotonic() - before >= _SLICE_S * 0.9:
-                        self._check(target)
-                seen = segment.counter(peer)
-        return True
-
-    def _behind(self, target: int) -> list[int]:
-        """Return the group ranks that have not reached barrier ``target``."""
-        segment = self.segment
-        return [p for p in self.peers if (segment.counter(p) - target) & _MASK >= _HALF]
-
-    def _check(self, target: int) -> None:
-        """Raise if a rank we wait for is gone, or the collective ran past its timeout."""
-        behind = self._behind(target)
-        gone = sorted(self.peers[p][0] for p in behind if _dead(self.peers[p][1]))
-        if gone:
-            raise PeerLostError(
-                f"{self.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-                f"{', '.join(map(str, gone))}) during a shared-memory collective",
-                op=self.op,
-                peer=gone[0],
-                peers=tuple(gone),
-            )
-        if time.monotonic() > self._deadline:
-            stopped = [p for p in behind if _stopped(self.peers[p][1])]
-            late = sorted(self.peers[p][0] for p in (stopped or behind))
-            raise CollectiveTimeoutError(
-                f"{self.op}: timed out after {self.timeout_s:g}s: a peer is alive but not taking "
-                f"part (rank{'s' if len(late) > 1 else ''} {', '.join(map(str, late))}); the "
-                "shared-memory path of this group is unusable now",
-                op=self.op,
-                peer=late[0] if late else None,
-                peers=tuple(late),
-            )
