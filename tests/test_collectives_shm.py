@@ -29,7 +29,16 @@ from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._shm_engine import Engine
 from distcompat.collectives._shm_segment import SHM_DIR, Segment, sweep_leftovers
 from distcompat.testing import RankFailedError, RankTimeoutError, run_on_ranks
-from shm_cases import DTYPES, LAYOUTS, OPS, TEST_SLOT_BYTES, ShmCase, configure, run_shm_case
+from shm_cases import (
+    DTYPES,
+    LAYOUTS,
+    OPS,
+    TEST_SLOT_BYTES,
+    ShmCase,
+    calls_on_path,
+    configure,
+    run_shm_case,
+)
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
@@ -273,3 +282,26 @@ def test_distcompat_shm_off_keeps_gloo_and_says_so() -> None:
     assert not engaged
     assert reason == "off: DISTCOMPAT_SHM=off"
     assert "DISTCOMPAT_SHM=off" in plan
+
+
+def _ddp_with_the_hook() -> tuple[list[list[float]], int]:
+    """A DDP model whose gradient buckets go through the hook, on the shared-memory path."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import allreduce_hook
+
+    configure()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model.register_comm_hook(None, allreduce_hook)
+    before = calls_on_path()
+    rank = dist.get_rank()
+    model(torch.full((3, 4), float(rank + 1))).sum().backward()
+    grad = model.module.weight.grad
+    assert grad is not None
+    return grad.tolist(), calls_on_path() - before
+
+
+def test_the_ddp_hook_averages_gradients_through_shared_memory() -> None:
+    for grads, calls in run_on_ranks(_ddp_with_the_hook, 2):
+        assert grads == [[4.5] * 4] * 2  # d(sum)/dW = 3 rows of (rank + 1), averaged over 2 ranks
+        assert calls >= 1

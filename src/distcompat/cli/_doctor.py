@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from distcompat.collectives._shm_path import host_reason
 from distcompat.launch import LaunchEnv, LaunchEnvError, launch_pitfalls
 from distcompat.launch._host import HostInfo, probe_host
 from distcompat.launch._placement import (
@@ -41,6 +42,7 @@ class DoctorReport:
     problems: tuple[str, ...]
     pitfalls: tuple[str, ...] = ()
     watchdog_reason: str = ""
+    shm_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -63,6 +65,7 @@ class DoctorReport:
             f"backend: {self.backend or '-'}  ({self.backend_reason})",
             f"timeout: {self.timeout_reason}",
             f"watchdog: {self.watchdog_reason}",
+            f"shared memory: {self.shm_reason}",
             f"torch {self.host.torch_version}; collective backends built in: "
             f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
             f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
@@ -93,6 +96,7 @@ class DoctorReport:
                 "backend_reason": self.backend_reason,
                 "timeout_reason": self.timeout_reason,
                 "watchdog_reason": self.watchdog_reason,
+                "shm_reason": self.shm_reason,
                 "torch_version": self.host.torch_version,
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
@@ -154,8 +158,14 @@ def collect_report(
     except SettingError as exc:
         problems.append(str(exc))
         watch = f"failed: {exc}"
+    try:
+        shm = host_reason(environ)
+    except SettingError as exc:
+        problems.append(str(exc))
+        shm = f"failed: {exc}"
     if env is not None and not env.is_distributed:
         watch = f"none needed: single process ({watch.split(':')[0]} if it were launched)"
+        shm = f"none needed: single process ({shm.split(':')[0]} if it were launched)"
     return DoctorReport(
         env=env,
         host=host,
@@ -167,4 +177,5 @@ def collect_report(
         problems=tuple(problems),
         pitfalls=tuple(pitfalls),
         watchdog_reason=watch,
+        shm_reason=shm,
     )

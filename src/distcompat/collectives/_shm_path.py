@@ -23,6 +23,7 @@ import json
 import math
 import warnings
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,8 +38,10 @@ from distcompat.collectives._shm_barrier import Barrier
 from distcompat.collectives._shm_engine import REDUCERS, Engine
 from distcompat.collectives._shm_segment import (
     MAX_WORLD,
+    SHM_DIR,
     Segment,
     SegmentError,
+    free_bytes,
     platform_problem,
     sweep_leftovers,
 )
@@ -52,6 +55,7 @@ __all__ = [
     "ShmStatus",
     "engine_for",
     "floor_bytes",
+    "host_reason",
     "reduces",
     "reset",
     "status",
@@ -148,6 +152,8 @@ def reduces(op: Any, dtype: torch.dtype) -> bool:
 def status(group: Any) -> ShmStatus:
     """Return the path ``group``'s CPU collectives take (nothing is sent or set up).
 
+    Exported as ``distcompat.collectives.shm_status``.
+
     Example:
         >>> status(None).engaged
         False
@@ -170,6 +176,28 @@ def status(group: Any) -> ShmStatus:
     if problem:
         return ShmStatus(False, problem)
     return ShmStatus(True, "not set up yet: decided with the other ranks at the first call")
+
+
+def host_reason(environ: Mapping[str, str] | None = None) -> str:
+    """Say whether CPU collectives on this machine may use shared memory (no group needed).
+
+    ``distcompat doctor`` prints it. A malformed ``DISTCOMPAT_SHM`` raises ``LaunchEnvError``.
+
+    Example:
+        >>> host_reason({"DISTCOMPAT_SHM": "off"})
+        'off: DISTCOMPAT_SHM=off'
+    """
+    setting = choose_shm(environ)
+    if setting.mode == "off":
+        return setting.reason
+    problem = platform_problem()
+    if problem:
+        return f"gloo: {problem} ({setting.reason})"
+    room = free_bytes() / 2**20
+    return (
+        f"{setting.reason}; decided per group at its first call: shared memory when every rank "
+        f"is on one machine ({SHM_DIR} has {room:.0f} MiB free)"
+    )
 
 
 def _local_problem(key: Any) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "SHM_DIR",
     "Segment",
     "SegmentError",
+    "free_bytes",
     "platform_problem",
     "sweep_leftovers",
 ]
@@ -274,6 +275,11 @@ class Segment:
         del words
         with contextlib.suppress(BufferError, ValueError):
             self._map.close()
+
+
+def free_bytes() -> int:
+    """Return the bytes free in ``/dev/shm`` (0 when it cannot be read)."""
+    return _free_bytes()
 
 
 def _free_bytes() -> int:
