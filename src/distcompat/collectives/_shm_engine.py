@@ -61,6 +61,7 @@ _SERIAL = 32768 - 64
 #: Tensors up to this size are all-reduced with one barrier: every rank folds every slot (the
 #: same order everywhere, so the same bits), instead of each reducing a part and a second barrier.
 SMALL_BYTES = 64 << 10
+_JOIN_S = 2.0  # how long close() waits for the async thread to finish the ops queued
 _memmove = ctypes.memmove  # a plain memcpy that releases the GIL and starts no threads
 
 
@@ -171,9 +172,17 @@ class Engine:
             del work
 
     def close(self) -> None:
-        """End the async thread after the ops queued (the group is gone)."""
+        """End the async thread after the ops queued (the group is gone, or the process exits).
+
+        The thread is joined (briefly): a daemon thread still alive when the interpreter
+        finalizes is ended inside whatever native frame it is in, and unwinding through torch's
+        ``noexcept`` frames ends the process in ``std::terminate``.
+        """
         self.broken = self.broken or "the group was destroyed"
         self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
 
     # -- the ops (tensors are contiguous and 1-d; the same call on every rank) -----------------
 
