@@ -350,7 +350,7 @@ def measure_shm(quick: bool) -> list[dict[str, Any]]:
                     "gloo_p95_us": _pct(t_raw, 0.95) * 1e6, "shm_p95_us": _pct(t_shm, 0.95) * 1e6,
                     "speedup": p50_raw / p50_shm,
                     "shm_busbw_GBps": counted / p50_shm / 1e9 * BUS[op](world),
-                    "auto_takes": "shm" if nbytes >= shm.MIN_BYTES[op] else "gloo",
+                    "auto_takes": "shm" if nbytes >= shm.MIN_BYTES[op][world > 2] else "gloo",
                 }
             )  # fmt: skip
     del os.environ["DISTCOMPAT_SHM"]

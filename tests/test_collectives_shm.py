@@ -305,3 +305,25 @@ def test_the_ddp_hook_averages_gradients_through_shared_memory() -> None:
     for grads, calls in run_on_ranks(_ddp_with_the_hook, 2):
         assert grads == [[4.5] * 4] * 2  # d(sum)/dW = 3 rows of (rank + 1), averaged over 2 ranks
         assert calls >= 1
+
+
+def _auto() -> tuple[bool, bool, str, str]:
+    from distcompat.collectives import all_reduce, explain_collective
+
+    configure(mode="auto")
+    tiny, big = torch.ones(1), torch.ones(1 << 14)
+    before = calls_on_path()
+    all_reduce(tiny)
+    tiny_took = calls_on_path() != before
+    all_reduce(big)
+    big_took = calls_on_path() > max(before, 0)
+    plans = str(explain_collective("all_reduce", tiny)), str(explain_collective("all_reduce", big))
+    configure()
+    return tiny_took, big_took, *plans
+
+
+def test_auto_keeps_tiny_all_reduces_on_gloo_and_says_why() -> None:
+    tiny_took, big_took, tiny_plan, big_plan = run_on_ranks(_auto, 2)[0]
+    assert (tiny_took, big_took) == (False, True)
+    assert "gloo: 4 bytes is below the 1024 bytes" in tiny_plan
+    assert "path: shared memory: all 2 ranks on this machine" in big_plan

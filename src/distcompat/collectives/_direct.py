@@ -108,7 +108,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         or not tensor.is_cpu
         or not tensor.is_contiguous()
         or has_torch_function((tensor,))
-        or tensor.nbytes >= _shm_path.floor_bytes("all_reduce")  # shared memory may take it
+        or tensor.nbytes >= _shm_path.floor_bytes("all_reduce", last[1].world)  # shared memory?
     ):
         return SKIP
     state = last[1]
@@ -136,7 +136,7 @@ def broadcast(
     root = group_src if group_src is not None else src if group is None else None
     if state is None or root is None or not 0 <= root < state.world:
         return SKIP
-    if tensor.nbytes >= _shm_path.floor_bytes("broadcast"):
+    if tensor.nbytes >= _shm_path.floor_bytes("broadcast", state.world):
         return SKIP  # shared memory may take it
     if state.store is not None:
         _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
@@ -197,7 +197,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         or output.dim() != 1
         or input.dtype != output.dtype
         or output.numel() != state.world * input.numel()  # the general path says what is wrong
-        or output.nbytes >= _shm_path.floor_bytes("all_gather_into_tensor")  # shared memory?
+        or output.nbytes >= _shm_path.floor_bytes("all_gather_into_tensor", state.world)
     ):
         return SKIP
     gather = getattr(pg, "all_gather_single", None)

@@ -123,7 +123,7 @@ def _path(collective: str, tensor: torch.Tensor, kind: Any, group: Any, backend:
     status = shm.status(group)
     if not status.engaged:
         return f"{backend}, not shared memory: {status.reason}"
-    floor = shm.floor_bytes(collective)
+    floor = shm.floor_bytes(collective, group_size(group))
     if tensor.nbytes < floor:
         return (
             f"{backend}: {tensor.nbytes} bytes is below the {floor:.0f} bytes from which shared "

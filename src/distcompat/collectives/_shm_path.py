@@ -64,14 +64,15 @@ __all__ = [
 #: Bytes of one rank's slot: chunks of a larger tensor are pipelined through it (halved where
 #: /dev/shm is small: ``Segment.fit``).
 SLOT_BYTES = 4 << 20
-#: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory:
-#: below it gloo measured as fast or faster (benchmarks/README.md).
-MIN_BYTES: dict[str, int] = {
-    "all_reduce": 0,
-    "broadcast": 0,
-    "all_gather_into_tensor": 0,
-    "reduce_scatter_tensor": 0,
-    "reduce_scatter": 0,  # the list form: taken as reduce_scatter_tensor of the concatenation
+#: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory,
+#: at 2 ranks and at more: below it gloo measured as fast or faster (benchmarks/README.md, 2 and
+#: 4 ranks on 2 cores: tiny all_reduces and a 4-rank broadcast up to 64 KiB stay on gloo).
+MIN_BYTES: dict[str, tuple[int, int]] = {
+    "all_reduce": (1 << 10, 1 << 10),
+    "broadcast": (0, 1 << 20),
+    "all_gather_into_tensor": (0, 0),
+    "reduce_scatter_tensor": (0, 0),
+    "reduce_scatter": (0, 0),  # the list form: taken as reduce_scatter_tensor of the concatenation
 }
 #: The collectives that take the path where it applies (the others always use the backend).
 WIRED = frozenset(
@@ -116,12 +117,12 @@ def reset() -> None:
     _groups.clear()
 
 
-def floor_bytes(collective: str) -> float:
+def floor_bytes(collective: str, world: int) -> float:
     """Return the smallest tensor (bytes) of ``collective`` the path takes now (inf: none)."""
     mode = choice().mode
     if mode == "off":
         return math.inf
-    return 0 if mode == "on" else MIN_BYTES[collective]
+    return 0 if mode == "on" else MIN_BYTES[collective][0 if world <= 2 else 1]
 
 
 def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | None:
@@ -129,9 +130,11 @@ def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | No
 
     The first call that could take it sets the path up, on every rank together.
     """
-    if tensor.device.type != "cpu" or tensor.nbytes < floor_bytes(collective):
-        return None
     key = group if group is not None else dist.group.WORLD
+    if tensor.device.type != "cpu" or tensor.nbytes < floor_bytes(
+        collective, dist.get_world_size(key)
+    ):
+        return None
     found = _groups.get(key)
     if found is None:
         found = _groups[key] = _set_up(key)
