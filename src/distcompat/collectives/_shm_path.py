@@ -65,14 +65,14 @@ __all__ = [
 #: /dev/shm is small: ``Segment.fit``).
 SLOT_BYTES = 4 << 20
 #: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory,
-#: at 2 ranks and at more: below it gloo measured as fast or faster (benchmarks/README.md, 2 and
-#: 4 ranks on 2 cores: tiny all_reduces and a 4-rank broadcast up to 64 KiB stay on gloo).
+#: at 2 ranks and at more: below it gloo measured as fast or faster, or the two runs disagreed
+#: (benchmarks/README.md, 2 and 4 ranks on 2 cores).
 MIN_BYTES: dict[str, tuple[int, int]] = {
     "all_reduce": (1 << 10, 1 << 10),
-    "broadcast": (0, 1 << 20),
+    "broadcast": (1 << 20, 16 << 20),
     "all_gather_into_tensor": (0, 0),
-    "reduce_scatter_tensor": (0, 0),
-    "reduce_scatter": (0, 0),  # the list form: taken as reduce_scatter_tensor of the concatenation
+    "reduce_scatter_tensor": (1 << 10, 0),
+    "reduce_scatter": (1 << 10, 0),  # the list form: reduce_scatter_tensor of the concatenation
 }
 #: The collectives that take the path where it applies (the others always use the backend).
 WIRED = frozenset(
