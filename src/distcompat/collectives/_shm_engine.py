@@ -93,6 +93,7 @@ class Engine:
         self._pending = 0
         self._idle = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._open: ShmWork | None = None  # the last op run in a waiting thread
 
     # -- running ops in issue order ------------------------------------------------------------
 
@@ -110,13 +111,23 @@ class Engine:
         return None
 
     def drive_here(self, work: ShmWork, until: float | None) -> None:
-        """Run ``work`` in this thread, after the ops queued before it, until done or ``until``."""
+        """Run ``work`` in this thread, after the ops queued before it, until done or ``until``.
+
+        An op left unfinished by an earlier wait that gave up (a watchdog's ``HangError``) runs
+        to its end first: every rank runs the ops in the same order.
+        """
         with self._idle:
             while self._pending:
                 left = None if until is None else until - time.monotonic()
                 if left is not None and left <= 0:
                     return
                 self._idle.wait(left)
+        open_work = self._open
+        if open_work is not None and open_work is not work and not open_work.is_completed():
+            self._step(open_work, until)
+            if not open_work.is_completed():
+                return
+        self._open = work
         self._step(work, until)
 
     def _step(self, work: ShmWork, until: float | None) -> None:
