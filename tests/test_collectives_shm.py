@@ -9,6 +9,7 @@ segment that cannot be made, and the switch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -327,3 +329,35 @@ def test_auto_keeps_tiny_all_reduces_on_gloo_and_says_why() -> None:
     assert (tiny_took, big_took) == (False, True)
     assert "gloo: 4 bytes is below the 1024 bytes" in tiny_plan
     assert "path: shared memory: all 2 ranks on this machine" in big_plan
+
+
+def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:
+    """Rank 1 posts another machine's boot id (a stand-in for a group that spans two hosts)."""
+    import dataclasses
+
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_reduce
+    from distcompat.collectives._peers import Identity
+
+    class Elsewhere(Identity):
+        @classmethod
+        def here(cls) -> Identity:
+            me = Identity.here()
+            return dataclasses.replace(me, host="node1", machine="another-boot/another-ns")
+
+    elsewhere = mock.patch.object(shm, "Identity", Elsewhere)
+    with elsewhere if dist.get_rank() == 1 else contextlib.nullcontext():
+        configure(slot_bytes=TEST_SLOT_BYTES * 4)  # a new setup, where the ranks post identities
+        t = torch.ones(3)
+        all_reduce(t)
+        status = shm.status(None)
+    configure()
+    return status.engaged, status.reason, t.tolist()
+
+
+def test_a_group_across_machines_stays_on_gloo() -> None:
+    for engaged, reason, value in run_on_ranks(_as_if_on_two_machines, 2):
+        assert not engaged
+        assert "not all on one machine" in reason
+        assert "node1" in reason
+        assert value == [2.0, 2.0, 2.0]

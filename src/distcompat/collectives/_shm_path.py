@@ -87,7 +87,7 @@ class SharedMemoryFallbackWarning(RuntimeWarning):
     """The shared-memory path could not be set up for a group; its collectives use gloo."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ShmStatus:
     """A group's path: ``engaged`` (shared memory) or not, and why."""
 
@@ -163,22 +163,26 @@ def status(group: Any) -> ShmStatus:
     """
     mode = choice()
     if mode.mode == "off":
-        return ShmStatus(False, mode.reason)
+        return ShmStatus(engaged=False, reason=mode.reason)
     if not (dist.is_available() and dist.is_initialized()):
-        return ShmStatus(False, "no process group")
+        return ShmStatus(engaged=False, reason="no process group")
     key = group if group is not None else dist.group.WORLD
     found = _groups.get(key)
     if isinstance(found, Engine):
         if found.broken:
-            return ShmStatus(False, f"the path failed on this group: {found.broken}")
+            return ShmStatus(engaged=False, reason=f"the path failed on this group: {found.broken}")
         size = found.segment.size / 2**20
-        return ShmStatus(True, f"all {found.world} ranks on this machine ({size:.1f} MiB segment)")
+        return ShmStatus(
+            engaged=True, reason=f"all {found.world} ranks on this machine ({size:.1f} MiB segment)"
+        )
     if isinstance(found, ShmStatus):
         return found
     problem = _local_problem(key)
     if problem:
-        return ShmStatus(False, problem)
-    return ShmStatus(True, "not set up yet: decided with the other ranks at the first call")
+        return ShmStatus(engaged=False, reason=problem)
+    return ShmStatus(
+        engaged=True, reason="not set up yet: decided with the other ranks at the first call"
+    )
 
 
 def host_reason(environ: Mapping[str, str] | None = None) -> str:
@@ -228,17 +232,21 @@ def _timeout_s(key: Any) -> float:
 def _set_up(key: Any) -> Engine | ShmStatus:
     """Decide with the group's other ranks, and set the path up if every rank can take it."""
     if backend_for(key, torch.device("cpu")) != "gloo":
-        return ShmStatus(False, "the group's CPU backend is not gloo")  # the same on every rank
+        return ShmStatus(
+            engaged=False, reason="the group's CPU backend is not gloo"
+        )  # the same on every rank
     if dist.get_world_size(key) > MAX_WORLD:
-        return ShmStatus(False, f"more than {MAX_WORLD} ranks")
+        return ShmStatus(engaged=False, reason=f"more than {MAX_WORLD} ranks")
     try:
         store = dist.distributed_c10d._get_process_group_store(key)
     except (AttributeError, RuntimeError, ValueError) as exc:
-        return ShmStatus(False, f"no store to set the path up through ({exc})")
+        return ShmStatus(engaged=False, reason=f"no store to set the path up through ({exc})")
     try:
         outcome = _agree_and_map(key, store)
     except (RuntimeError, ValueError) as exc:  # a store wait ran out: a rank never came
-        outcome = ShmStatus(False, f"failed: setup did not complete on every rank: {exc}")
+        outcome = ShmStatus(
+            engaged=False, reason=f"failed: setup did not complete on every rank: {exc}"
+        )
     if isinstance(outcome, Engine):
         weakref.finalize(key, outcome.close)
     elif outcome.reason.startswith("failed") and dist.get_rank(key) == 0:
@@ -264,13 +272,16 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
     hellos = [json.loads(store.get(k)) for k in keys]
     for r, other in enumerate(hellos):
         if other["problem"]:
-            return ShmStatus(False, f"rank {global_rank(key, r)}: {other['problem']}")
+            return ShmStatus(
+                engaged=False, reason=f"rank {global_rank(key, r)}: {other['problem']}"
+            )
     identities = [Identity.from_json(h["identity"]) for h in hellos]
     machines = {identity.machine for identity in identities}
     if "" in machines or len(machines) > 1:
         hosts = sorted({identity.host for identity in identities})
+        where = ", ".join(hosts)
         return ShmStatus(
-            False, f"the group's ranks are not all on one machine ({', '.join(hosts)})"
+            engaged=False, reason=f"the group's ranks are not all on one machine ({where})"
         )
     segment: Segment | None = None
     problem = ""
@@ -304,7 +315,7 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
     if failed or segment is None:
         if segment is not None:
             segment.close()
-        return ShmStatus(False, failed[0] if failed else problem)
+        return ShmStatus(engaged=False, reason=failed[0] if failed else problem)
     peers = {r: (global_rank(key, r), identities[r]) for r in range(world) if r != rank}
     barrier = Barrier(segment, rank, peers, wait.total_seconds())
     return Engine(segment, barrier, rank=rank, world=world)
