@@ -2,6 +2,7 @@
 
     python benchmarks/bench_collectives.py [--out benchmarks/results] [--quick]
     python benchmarks/bench_collectives.py --large-pairs 400    # the >= 1 MiB ratios only
+    python benchmarks/bench_collectives.py --shm                # shared memory vs gloo
 
 Per op and size (4 B to 64 MiB, float32, contiguous): p50/p95 latency of raw torch and of
 distcompat, interleaved call by call (the order alternating) so both see the same noise, with
@@ -9,12 +10,17 @@ algbw and busbw from the nccl-tests formulas. Also: 200 small tensors coalesced 
 and a ZeRO-style overlapped pipeline (async reduce_scatter + compute) vs the same calls made
 synchronously. Writes results.json, prints a markdown table and a summary against the goals,
 and plots latency to latency.png if matplotlib is there.
+
+``--shm``: the shared-memory path (``DISTCOMPAT_SHM=on``: every call through it) against raw
+gloo, per op and size, at 2 and 4 ranks, interleaved call by call; and which path
+``DISTCOMPAT_SHM=auto`` picks for each (``collectives._shm_path.MIN_BYTES``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +30,7 @@ import torch
 import torch.distributed as tdist
 
 import distcompat.collectives as dc
+from distcompat.collectives import _shm_path as shm
 from distcompat.testing import run_on_ranks
 
 SIZES = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]  # bytes
@@ -312,6 +319,56 @@ def measure_large(pairs: int) -> dict[str, Any]:
     return out
 
 
+SHM_OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
+
+
+def measure_shm(quick: bool) -> list[dict[str, Any]]:
+    """Shared memory (every call through it) vs raw gloo; runs on every rank, rank 0 reports."""
+    world = tdist.get_world_size()
+    os.environ["DISTCOMPAT_SHM"] = "on"
+    shm.reset()
+    rows = []
+    for op in SHM_OPS:
+        for nbytes in SIZES[:4] if quick else SIZES:
+            raw, ours, counted = _pair(op, nbytes, world)
+            raw(), ours()
+            engine = shm.engine_for(None, op, torch.empty(1))
+            assert engine is not None, shm.status(None).reason
+            calls = engine.calls
+            t_raw: list[float] = []
+            t_shm: list[float] = []
+            for index in range(_reps(nbytes, quick)):  # the order alternates
+                first, second = ((raw, t_raw), (ours, t_shm))[:: -1 if index % 2 else 1]
+                first[1].append(_timed(first[0]))
+                second[1].append(_timed(second[0]))
+            assert engine.calls > calls  # the shared-memory side did take the path
+            p50_raw, p50_shm = _pct(t_raw, 0.5), _pct(t_shm, 0.5)
+            rows.append(
+                {
+                    "op": op, "bytes": nbytes, "world": world,
+                    "gloo_p50_us": p50_raw * 1e6, "shm_p50_us": p50_shm * 1e6,
+                    "gloo_p95_us": _pct(t_raw, 0.95) * 1e6, "shm_p95_us": _pct(t_shm, 0.95) * 1e6,
+                    "speedup": p50_raw / p50_shm,
+                    "shm_busbw_GBps": counted / p50_shm / 1e9 * BUS[op](world),
+                    "auto_takes": "shm" if nbytes >= shm.MIN_BYTES[op][world > 2] else "gloo",
+                }
+            )  # fmt: skip
+    del os.environ["DISTCOMPAT_SHM"]
+    shm.reset()
+    return rows
+
+
+def _print_shm(rows: list[dict[str, Any]]) -> None:
+    print("| ranks | op | bytes | gloo p50 us | shm p50 us | speedup | shm busbw GB/s | auto |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['world']} | {r['op']} | {r['bytes']} | {r['gloo_p50_us']:.1f} | "
+            f"{r['shm_p50_us']:.1f} | {r['speedup']:.2f}x | {r['shm_busbw_GBps']:.2f} | "
+            f"{r['auto_takes']} |"
+        )
+
+
 def _plot(rows: list[dict[str, Any]], path: Path) -> bool:
     try:
         import matplotlib
@@ -345,7 +402,20 @@ def main() -> None:
         help="only measure the >= 1 MiB ratios, from this many alternating pairs at 1 MiB "
         "(an eighth as many at 16 MiB), with 95%% intervals",
     )
+    parser.add_argument(
+        "--shm", action="store_true", help="shared memory vs gloo per op and size, 2 and 4 ranks"
+    )
     options = parser.parse_args()
+    if options.shm:
+        rows = []
+        for world in (2, 4):
+            rows += run_on_ranks(measure_shm, world, args=(options.quick,), timeout=1800)[0]
+        options.out.mkdir(parents=True, exist_ok=True)
+        (options.out / "collectives_shm.json").write_text(
+            json.dumps({"torch": torch.__version__, "cpus": os.cpu_count(), "rows": rows}, indent=2)
+        )
+        _print_shm(rows)
+        return
     if options.large_pairs:
         large = run_on_ranks(measure_large, 2, args=(options.large_pairs,), timeout=1800)[0]
         options.out.mkdir(parents=True, exist_ok=True)

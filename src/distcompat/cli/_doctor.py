@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from distcompat.collectives._shm_path import host_reason
 from distcompat.launch import LaunchEnv, LaunchEnvError, launch_pitfalls
 from distcompat.launch._host import HostInfo, probe_host
 from distcompat.launch._placement import (
@@ -42,6 +43,7 @@ class DoctorReport:
     pitfalls: tuple[str, ...] = ()
     watchdog_reason: str = ""
     mismatch_reason: str = ""
+    shm_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -65,6 +67,7 @@ class DoctorReport:
             f"timeout: {self.timeout_reason}",
             f"watchdog: {self.watchdog_reason}",
             f"mismatch check: {self.mismatch_reason}",
+            f"shared memory: {self.shm_reason}",
             f"torch {self.host.torch_version}; collective backends built in: "
             f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
             f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
@@ -96,6 +99,7 @@ class DoctorReport:
                 "timeout_reason": self.timeout_reason,
                 "watchdog_reason": self.watchdog_reason,
                 "mismatch_reason": self.mismatch_reason,
+                "shm_reason": self.shm_reason,
                 "torch_version": self.host.torch_version,
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
@@ -162,9 +166,15 @@ def collect_report(
     except SettingError as exc:
         problems.append(str(exc))
         mismatch = f"failed: {exc}"
+    try:
+        shm = host_reason(environ)
+    except SettingError as exc:
+        problems.append(str(exc))
+        shm = f"failed: {exc}"
     if env is not None and not env.is_distributed:
         watch = f"none needed: single process ({watch.split(':')[0]} if it were launched)"
         mismatch = f"none needed: single process ({mismatch.split(':')[0]} if it were launched)"
+        shm = f"none needed: single process ({shm.split(':')[0]} if it were launched)"
     return DoctorReport(
         env=env,
         host=host,
@@ -177,4 +187,5 @@ def collect_report(
         pitfalls=tuple(pitfalls),
         watchdog_reason=watch,
         mismatch_reason=mismatch,
+        shm_reason=shm,
     )

@@ -20,6 +20,11 @@ What every function here guarantees, on gloo as on NCCL:
   groups distcompat created (``DISTCOMPAT_MISMATCH_CHECK=off`` or :func:`unchecked` turn it off;
   :func:`checked` compares every call).
 
+On one machine (every rank of the group here), CPU tensors of ``all_reduce``, ``broadcast``,
+``all_gather_into_tensor`` and the reduce-scatters go through shared memory instead of gloo
+(``DISTCOMPAT_SHM=auto|on|off``; :func:`shm_status` and :func:`explain_collective` say which
+path and why); :func:`allreduce_hook` brings DDP's gradient all-reduces there too.
+
 ``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
 """
@@ -27,6 +32,7 @@ What every function here guarantees, on gloo as on NCCL:
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._checked import CollectiveMismatchError, checked, is_checked, unchecked
 from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatter_coalesced
+from distcompat.collectives._ddp_hook import allreduce_hook
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._explain import CollectivePlan, explain_collective
 from distcompat.collectives._group import NotInGroupError
@@ -55,6 +61,8 @@ from distcompat.collectives._p2p import (
 )
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
+from distcompat.collectives._shm_path import SharedMemoryFallbackWarning, ShmStatus
+from distcompat.collectives._shm_path import status as shm_status
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork
 
@@ -71,6 +79,8 @@ __all__ = [
     "NotInGroupError",
     "P2POp",
     "PeerLostError",
+    "SharedMemoryFallbackWarning",
+    "ShmStatus",
     "UnsupportedCollectiveError",
     "all_gather",
     "all_gather_into_tensor",
@@ -80,6 +90,7 @@ __all__ = [
     "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
+    "allreduce_hook",
     "barrier",
     "batch_isend_irecv",
     "broadcast",
@@ -100,5 +111,6 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "send",
+    "shm_status",
     "unchecked",
 ]

@@ -43,16 +43,17 @@ import torch.distributed as dist
 from distcompat._ranks import recorded, side_store
 from distcompat.collectives._agree_posts import (
     ROWS_VARY,
+    late_error,
     mismatch_error,
     rebuild_call,
     signature_text,
 )
 from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._errors import (
-    CollectiveTimeoutError,
     PeerLostError,
     raise_typed,
 )
+from distcompat.collectives._group import global_rank, group_timeout_s
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._peers import gone_peers
 from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
@@ -155,7 +156,11 @@ def _new_state(key: Any) -> _State:
     store, prefix = found
     name = getattr(key, "group_name", None) or ",".join(map(str, dist.get_process_group_ranks(key)))
     info = recorded()
-    wait_s = info.timeout.total_seconds() if info is not None and info.timeout else _DEFAULT_WAIT_S
+    wait_s = group_timeout_s(key)  # the group's own: a subgroup may have a shorter one
+    if wait_s is None:
+        wait_s = (
+            info.timeout.total_seconds() if info is not None and info.timeout else _DEFAULT_WAIT_S
+        )
     listening = True
     return _State(
         store=QuickStore(dist.PrefixStore(f"{prefix}/agree/{name}", store)),
@@ -250,7 +255,8 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
             reached = False
         now = time.monotonic()
         if now > deadline:
-            raise _late(sig, seq, state.wait_s, "" if reached else "; the store did not answer")
+            absent = _absent(store, keys, group) if reached else None
+            raise late_error(sig[0], seq, state.wait_s, absent)
         if now - asked_at > POLL_S:  # meanwhile, peers may be asking about an earlier call
             if reached:
                 with contextlib.suppress(StoreUnreachable):
@@ -278,18 +284,16 @@ def _retry(
             return request()
         except StoreUnreachable as exc:
             if time.monotonic() > deadline:
-                raise _late(sig, seq, state.wait_s, f"; the store did not answer: {exc}") from exc
+                raise late_error(sig[0], seq, state.wait_s, None) from exc
             time.sleep(POLL_S)
 
 
-def _late(sig: tuple[Any, ...], seq: int, wait_s: float, why: str) -> CollectiveTimeoutError:
-    return CollectiveTimeoutError(
-        f"{sig[0]} (call #{seq} on this group): not every rank reached it within {wait_s:g}s, "
-        f"the group's timeout (a collective only some ranks call, or a rank stuck elsewhere"
-        f"{why})",
-        op=sig[0],
-        peer=None,
-    )
+def _absent(store: QuickStore, keys: list[str], group: Any) -> tuple[int, ...] | None:
+    """Return the global ranks whose post for this call is missing (None: no store answer)."""
+    try:
+        return tuple(global_rank(group, r) for r, key in enumerate(keys) if not store.check([key]))
+    except StoreUnreachable:
+        return None
 
 
 def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any) -> bool:

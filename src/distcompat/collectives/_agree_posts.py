@@ -19,13 +19,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._errors import CollectiveMismatchError
+from distcompat.collectives import _shm_path as shm
+from distcompat.collectives._errors import CollectiveMismatchError, CollectiveTimeoutError
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._probed import probed_for
 from distcompat.collectives._reduce_ops import plan_fast
 from distcompat.collectives._wire import MOVE_NATIVE
 
-__all__ = ["ROWS_VARY", "mismatch_error", "rebuild_call", "signature_text"]
+__all__ = ["ROWS_VARY", "late_error", "mismatch_error", "rebuild_call", "signature_text"]
 
 #: Ops whose row count may legitimately differ between ranks (uneven splits).
 ROWS_VARY = frozenset({"all_to_all_single", "all_to_all"})
@@ -63,6 +64,32 @@ def mismatch_error(op: str, seq: int, posts: list[str]) -> CollectiveMismatchErr
     )
 
 
+def late_error(
+    op: str, seq: int, wait_s: float, absent: tuple[int, ...] | None
+) -> CollectiveTimeoutError:
+    """Return the error of a check whose posts did not all come within the group's timeout.
+
+    ``absent``: the ranks whose post is missing, or None when the store did not answer.
+
+    Example:
+        >>> late_error("all_reduce", 3, 2.0, (1,)).peers
+        (1,)
+    """
+    if absent is None:
+        why, named = "; the rendezvous store did not answer", ""
+    else:
+        ranks = ", ".join(map(str, absent))
+        why, named = (f"; not arrived: rank {ranks}", f" (rank {ranks})") if absent else ("", "")
+    return CollectiveTimeoutError(
+        f"{op} (call #{seq} on this group): not every rank reached it within {wait_s:g}s, the "
+        f"group's timeout (a collective only some ranks call, or a rank stuck elsewhere{why})"
+        + named,
+        op=op,
+        peer=absent[0] if absent is not None and len(absent) == 1 else None,
+        peers=absent or (),
+    )
+
+
 _DTYPES = {str(v): v for v in vars(torch).values() if isinstance(v, torch.dtype)}
 
 
@@ -82,15 +109,22 @@ def rebuild_call(text: str, group: Any) -> Callable[[], Any] | None:
         return None
     zeros = torch.zeros([int(n) for n in shape.strip("[]").split(",") if n.strip()], dtype=dtype)
     root = int(fields["root"]) if "root" in fields else None
+    engine = shm.engine_for(group, op, zeros) if op in shm.WIRED else None  # the peers' path
     if op == "broadcast" and root is not None:
+        if engine is not None:
+            return lambda: engine.run(op, engine.broadcast(zeros.view(-1), root), False)
         return lambda: dist.broadcast(zeros, src=root, group=group)
     if op == "all_gather_into_tensor":
         out = torch.empty(zeros.numel() * dist.get_world_size(group), dtype=dtype)
+        if engine is not None:
+            return lambda: engine.run(op, engine.all_gather(out, zeros.view(-1)), False)
         return lambda: all_gather_flat(out, zeros.reshape(-1), group=group)
     if op in ("all_reduce", "reduce") and probed_for(group) is None:
         plan = plan_fast(getattr(dist.ReduceOp, fields.get("reduce_op", "")), dtype)
         if plan is None or plan.gather or plan.factor is not None:
             return None
+        if op == "all_reduce" and engine is not None and shm.reduces(plan.op, dtype):
+            return lambda: engine.run(op, engine.all_reduce(zeros.view(-1), plan.op), False)
         if op == "all_reduce":
             return lambda: dist.all_reduce(zeros, op=plan.op, group=group)
         if root is not None:

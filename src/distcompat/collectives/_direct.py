@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch.overrides import has_torch_function
 
-from distcompat.collectives import _agree, _checked, _probed
+from distcompat.collectives import _agree, _checked, _probed, _shm_path
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE
 from distcompat.collectives._work import CompatWork
@@ -108,6 +108,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         or not tensor.is_cpu
         or not tensor.is_contiguous()
         or has_torch_function((tensor,))
+        or tensor.nbytes >= _shm_path.floor_bytes("all_reduce", last[1].world)  # shared memory?
     ):
         return SKIP
     state = last[1]
@@ -135,6 +136,8 @@ def broadcast(
     root = group_src if group_src is not None else src if group is None else None
     if state is None or root is None or not 0 <= root < state.world:
         return SKIP
+    if tensor.nbytes >= _shm_path.floor_bytes("broadcast", state.world):
+        return SKIP  # shared memory may take it
     if state.store is not None:
         _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
     opts = dist.BroadcastOptions()
@@ -194,6 +197,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         or output.dim() != 1
         or input.dtype != output.dtype
         or output.numel() != state.world * input.numel()  # the general path says what is wrong
+        or output.nbytes >= _shm_path.floor_bytes("all_gather_into_tensor", state.world)
     ):
         return SKIP
     gather = getattr(pg, "all_gather_single", None)

@@ -14,9 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._reductions import plan_call
-from distcompat.collectives._wire import MOVE_NATIVE
+from distcompat.collectives._wire import MOVE_NATIVE, upcast_dtype
 
 __all__ = ["CollectivePlan", "explain_collective"]
 
@@ -41,13 +42,15 @@ class CollectivePlan:
     world_size: int
     steps: tuple[str, ...]
     decided_by: str
+    path: str = ""  # shared memory or the backend, and why ('' where the choice does not arise)
 
     def __str__(self) -> str:
         head = f"{self.collective} of {self.what}, world size {self.world_size}"
         if self.world_size == 1:
             return f"{head}: the identity (one rank)"
         steps = "; ".join(self.steps) if self.steps else "native, no shim"
-        return f"{head}, {self.backend}: {steps} [{self.decided_by}]"
+        path = f" (path: {self.path})" if self.path else ""
+        return f"{head}, {self.backend}: {steps} [{self.decided_by}]{path}"
 
 
 def explain_collective(
@@ -97,4 +100,35 @@ def explain_collective(
         steps.append(f"{str(tensor.dtype).removeprefix('torch.')}-moved-as-bytes")
     if collective == "all_to_all":
         steps.append("uneven-all-to-all-as-one-all-to-all-single")
-    return CollectivePlan(collective, what, backend, world_size, tuple(steps), decided_by)
+    path = ""
+    if collective in shm.WIRED and tensor.device.type == "cpu":
+        kind = plan_call(op, tensor, group, world_size, collective).op if reducing else None
+        path = _path(collective, tensor, kind, group, backend)
+        if path.startswith("shared memory"):  # the group's backend is not used for this call
+            steps = [step for step in steps if not step.startswith("reduce-scatter-as-all-to")]
+    return CollectivePlan(collective, what, backend, world_size, tuple(steps), decided_by, path)
+
+
+def _wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Return the dtype a reduction of ``dtype`` runs in (``_wire``'s staging)."""
+    if dtype == torch.bool:
+        return torch.uint8
+    if dtype.is_complex:
+        return torch.view_as_real(torch.empty(0, dtype=dtype)).dtype
+    return upcast_dtype(dtype) or dtype
+
+
+def _path(collective: str, tensor: torch.Tensor, kind: Any, group: Any, backend: str) -> str:
+    """Say whether the call goes through shared memory or ``backend``, and why."""
+    status = shm.status(group)
+    if not status.engaged:
+        return f"{backend}, not shared memory: {status.reason}"
+    floor = shm.floor_bytes(collective, group_size(group))
+    if tensor.nbytes < floor:
+        return (
+            f"{backend}: {tensor.nbytes} bytes is below the {floor:.0f} bytes from which shared "
+            "memory measured faster for this op (DISTCOMPAT_SHM=on sends it anyway)"
+        )
+    if kind is not None and not shm.reduces(kind, _wire_dtype(tensor.dtype)):
+        return f"{backend}: shared memory does not reduce {tensor.dtype} with this op"
+    return f"shared memory: {status.reason}"

@@ -16,7 +16,9 @@ __all__ = [
     "NotInGroupError",
     "backend_for",
     "global_rank",
+    "group_rank_of",
     "group_size",
+    "group_timeout_s",
     "is_root",
     "rank_in",
     "root_kwargs",
@@ -70,6 +72,17 @@ def is_root(group: Any, rank: int | None, group_rank: int | None) -> bool:
     return dist.get_rank() == rank
 
 
+def group_rank_of(group: Any, rank: int | None, group_rank: int | None) -> int:
+    """Return the rank within ``group`` of a root named by global ``rank`` or by ``group_rank``."""
+    if group_rank is not None:
+        return group_rank
+    if rank is None:
+        raise ValueError("a root rank is needed: pass src/dst or group_src/group_dst")
+    if group is None or group is dist.group.WORLD:
+        return rank
+    return dist.get_group_rank(group, rank)
+
+
 def root_kwargs(name: str, rank: int | None, group_rank: int | None) -> dict[str, int | None]:
     """Return torch's keyword for a root/peer: ``{name: rank}`` or ``{"group_" + name: ...}``.
 
@@ -94,3 +107,20 @@ def backend_for(group: Any, device: torch.device) -> str:
         known["*"] = text if ":" not in text else fallback
         _backends[key] = known
     return known.get(device.type, known["*"])
+
+
+def group_timeout_s(group: Any) -> float | None:
+    """Return ``group``'s own timeout in seconds (None where this torch does not say).
+
+    torch keeps it in the CPU backend's options, privately (``_timeout``); a subgroup made with
+    ``new_group(timeout=...)`` has its own, which the default group's does not tell.
+
+    Example:
+        >>> group_timeout_s(None) is None   # no group here
+        True
+    """
+    try:
+        options = group._get_backend(torch.device("cpu")).options
+        return float(options._timeout.total_seconds())
+    except (AttributeError, RuntimeError, ValueError):
+        return None

@@ -16,8 +16,9 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
+from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
-from distcompat.collectives._group import group_size, is_root, root_kwargs
+from distcompat.collectives._group import group_rank_of, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._wire import chain, stage_input, stage_output
@@ -79,6 +80,17 @@ def broadcast(
         return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, reduce=False, fill=True)
+    engine = shm.engine_for(group, "broadcast", wire)
+    if engine is not None:  # every rank on this machine: through shared memory
+        flat, at = wire.view(-1), group_rank_of(group, src, group_src)
+        return issue(
+            "broadcast",
+            lambda a: engine.run("broadcast", engine.broadcast(flat, at), a),
+            group,
+            [tensor],
+            copy_back,
+            async_op,
+        )
     root = root_kwargs("src", src, group_src)
     return issue(
         "broadcast",
@@ -215,6 +227,16 @@ def all_gather_into_tensor(
     # Flat views only where needed: each view costs 1-3 us, the op's whole Python budget.
     source = source if source.dim() == 1 else source.reshape(-1)
     out_flat = wire if wire.dim() == 1 else wire.view(-1)
+    engine = shm.engine_for(group, "all_gather_into_tensor", out_flat)
+    if engine is not None:  # every rank on this machine: through shared memory
+        return issue(
+            "all_gather_into_tensor",
+            lambda a: engine.run("all_gather_into_tensor", engine.all_gather(out_flat, source), a),
+            group,
+            [output_tensor],
+            copy_back,
+            async_op,
+        )
     return issue(
         "all_gather_into_tensor",
         lambda a: all_gather_flat(out_flat, source, group=group, async_op=a),

@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._issue import issue
@@ -54,6 +55,22 @@ def _reduce_scatter_flat(
     """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
     wire, copy_back = stage_output(output, reduce=True)
     out_flat = wire.view(-1)
+    engine = (
+        shm.engine_for(group, "reduce_scatter_tensor", flat_input)
+        if shm.reduces(plan.op, flat_input.dtype) and not plan.gather
+        else None
+    )
+    if engine is not None:  # every rank on this machine: through shared memory
+        return issue(
+            "reduce_scatter_tensor",
+            lambda a: engine.run(
+                "reduce_scatter_tensor", engine.reduce_scatter(out_flat, flat_input, plan.op), a
+            ),
+            group,
+            [output],
+            chain(plan.finisher(wire), copy_back),
+            async_op,
+        )
     if backend_for(group, output.device) == "nccl" and not plan.gather:
         finish = chain(plan.finisher(wire), copy_back)
         return issue(

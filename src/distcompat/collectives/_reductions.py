@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
+from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
@@ -123,6 +124,17 @@ def all_reduce(
             "all_reduce", wire, wire, copy_back, plan, group, async_op, [tensor]
         )
     finish = chain(plan.finisher(wire), copy_back)
+    engine = shm.engine_for(group, "all_reduce", wire) if shm.reduces(plan.op, wire.dtype) else None
+    if engine is not None:  # every rank on this machine: through shared memory, not the backend
+        flat = wire.view(-1)
+        return issue(
+            "all_reduce",
+            lambda a: engine.run("all_reduce", engine.all_reduce(flat, plan.op), a),
+            group,
+            [tensor],
+            finish,
+            async_op,
+        )
     return issue(
         "all_reduce",
         lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a),

@@ -11,6 +11,9 @@ does for the device and the timeout::
   when its ``watchdog=`` argument is left out; the watchdog then only reports (it never raises).
 * ``DISTCOMPAT_MISMATCH_CHECK``: ``on`` (the default) or ``off``. Whether ranks compare each new
   collective signature before sending it (``distcompat.collectives``' default mismatch check).
+* ``DISTCOMPAT_SHM``: ``auto`` (the default), ``on`` or ``off``. Whether CPU collectives of a group
+  whose ranks all run on this machine go through shared memory instead of gloo (``auto``: for the
+  ops and sizes where it measured faster; ``on``: for every op and size it supports).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
@@ -36,10 +39,13 @@ from distcompat.launch._rules import LaunchEnvError
 __all__ = [
     "DEFAULT_WATCHDOG_S",
     "MISMATCH_VARIABLE",
+    "SHM_VARIABLE",
     "WATCHDOG_VARIABLE",
     "MismatchChoice",
+    "ShmChoice",
     "WatchdogChoice",
     "choose_mismatch_check",
+    "choose_shm",
     "choose_watchdog",
 ]
 
@@ -50,6 +56,8 @@ WATCHDOG_VARIABLE = "DISTCOMPAT_WATCHDOG"
 #: The variable that turns the default mismatch check off (or on).
 MISMATCH_VARIABLE = "DISTCOMPAT_MISMATCH_CHECK"
 _OFF = ("off", "0", "false", "no", "none")
+#: The variable that turns the shared-memory path for same-host CPU collectives on or off.
+SHM_VARIABLE = "DISTCOMPAT_SHM"
 _ON = ("on", "1", "true", "yes")
 
 
@@ -189,4 +197,48 @@ def choose_mismatch_check(environ: Mapping[str, str] | None = None) -> MismatchC
     raise LaunchEnvError(
         f"{MISMATCH_VARIABLE}={text!r}: expected 'on' or 'off' (or 1 / 0)",
         variable=MISMATCH_VARIABLE,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShmChoice:
+    """Whether same-host CPU collectives may use shared memory, and why.
+
+    ``mode`` is ``"auto"`` (where measured faster than gloo), ``"on"`` (every supported call) or
+    ``"off"`` (never).
+
+    Example:
+        >>> choose_shm(environ={"DISTCOMPAT_SHM": "off"}).mode
+        'off'
+    """
+
+    mode: Literal["auto", "on", "off"]
+    reason: str
+
+
+def choose_shm(environ: Mapping[str, str] | None = None) -> ShmChoice:
+    """Read ``DISTCOMPAT_SHM`` (``auto`` when unset); a malformed value raises ``LaunchEnvError``.
+
+    ``environ`` defaults to ``os.environ``.
+
+    Example:
+        >>> choose_shm(environ={}).reason
+        "auto: distcompat's default (shared memory where it measured faster than gloo)"
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(SHM_VARIABLE)
+    if text is None or text.strip().lower() in ("", "auto"):
+        why = "distcompat's default" if text is None else f"{SHM_VARIABLE}={text}"
+        return ShmChoice(
+            mode="auto", reason=f"auto: {why} (shared memory where it measured faster than gloo)"
+        )
+    value = text.strip().lower()
+    if value in _OFF:
+        return ShmChoice(mode="off", reason=f"off: {SHM_VARIABLE}={text}")
+    if value in _ON:
+        return ShmChoice(
+            mode="on", reason=f"on: {SHM_VARIABLE}={text} (every call the path supports)"
+        )
+    raise LaunchEnvError(
+        f"{SHM_VARIABLE}={text!r} is not one of auto, on, off", variable=SHM_VARIABLE
     )

@@ -1,0 +1,355 @@
+"""The shared-memory collectives of one group: chunked pipelines through the segment's slots.
+
+Each op moves a tensor through the segment in chunks of at most one slot per rank, alternating
+between the segment's two buffers, so a fixed-size segment carries tensors of any size and a
+chunk's writes never meet a peer's reads of the chunk before::
+
+    engine.run("all_reduce", engine.all_reduce(flat, dist.ReduceOp.SUM), async_op=False)
+
+``all_reduce`` is a reduce-scatter then an all-gather inside the segment: every rank copies its
+chunk into its slot; after a barrier rank ``r`` reduces part ``r`` of the chunk over the slots of
+ranks 0, 1, ..., w-1 in that order (the same order for every part, on every run), into rank 0's
+slot; after a second barrier every rank copies the whole reduced chunk out. The work of reducing
+is shared by the ranks, and every rank copies the same bytes, so results are bit-identical on all
+ranks. Tensors up to ``SMALL_BYTES`` take one barrier instead: every rank folds every slot
+itself, in the same order. ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
+need one barrier per chunk.
+
+An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls
+run in the caller's thread (after any async ops of the group still pending), also when the
+watchdog waits for them in bounded slices; async calls run in issue order on one thread per
+group. Both hand back a ``ShmWork``, which has the ``wait(timeout)`` / ``get_future()`` of a
+backend Work, so :func:`issue`, the watchdog and :class:`CompatWork` treat it as one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives._errors import CollectiveError
+from distcompat.collectives._shm_barrier import Barrier
+from distcompat.collectives._shm_segment import Segment
+from distcompat.collectives._shm_work import Call, ShmWork, Steps, signature
+
+__all__ = ["REDUCERS", "SMALL_BYTES", "Engine"]
+
+R = dist.ReduceOp
+_Reducer = Callable[..., torch.Tensor]
+#: How a slot is folded into the running result, in place (``fn(acc, other, out=acc)``).
+REDUCERS: dict[Any, _Reducer] = {
+    R.SUM: torch.add,
+    R.PRODUCT: torch.mul,
+    R.MIN: torch.minimum,
+    R.MAX: torch.maximum,
+    R.BAND: torch.bitwise_and,
+    R.BOR: torch.bitwise_or,
+    R.BXOR: torch.bitwise_xor,
+}
+_ALIGN = 64  # parts of a chunk start on cache-line boundaries: ranks write disjoint lines
+#: Elements per torch op: below torch's grain size (32768) its kernels run in this thread only.
+#: Intra-op threads would spin in OpenMP while the other ranks need the cores (measured: 60x
+#: slower at 1 MiB with 2 threads per rank, 2 ranks on 2 cores).
+_SERIAL = 32768 - 64
+#: Tensors up to this size are all-reduced with one barrier: every rank folds every slot (the
+#: same order everywhere, so the same bits), instead of each reducing a part and a second barrier.
+SMALL_BYTES = 64 << 10
+_JOIN_S = 2.0  # how long close() waits for the async thread to finish the ops queued
+_memmove = ctypes.memmove  # a plain memcpy that releases the GIL and starts no threads
+
+
+def _move(dst: int, src: int, nbytes: int) -> None:
+    if nbytes > 0:
+        _memmove(dst, src, nbytes)
+
+
+def _part(count: int, world: int, rank: int, itemsize: int) -> tuple[int, int]:
+    """Return rank's [lo, hi) element range of a ``count``-element chunk (cache-line aligned)."""
+    align = max(1, _ALIGN // itemsize)
+    lo = count * rank // world // align * align
+    hi = count if rank == world - 1 else count * (rank + 1) // world // align * align
+    return lo, hi
+
+
+class Engine:
+    """A group's segment, barrier and async thread, and the ops that run through them."""
+
+    def __init__(self, segment: Segment, barrier: Barrier, *, rank: int, world: int) -> None:
+        self.segment = segment
+        self.barrier = barrier
+        self.rank = rank
+        self.world = world
+        self.broken = ""  # why the path can no longer be used on this group ('' while it can)
+        self.calls = 0  # ops run on the path (tests and benchmarks read it)
+        self._chunks = 0  # chunks moved so far: the same on every rank; picks the buffer
+        self._queue: queue.SimpleQueue[ShmWork | None] = queue.SimpleQueue()
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._open: ShmWork | None = None  # the last op run in a waiting thread
+
+    # -- running ops in issue order ------------------------------------------------------------
+
+    def run(self, op: str, call: Call, async_op: bool) -> ShmWork | None:
+        """Run ``call`` to the end here (sync), or return its work (async).
+
+        The work runs when waited on, or on the group's thread once its future is asked for.
+        """
+        self.calls += 1
+        work = ShmWork(self, op, call)
+        if async_op:
+            return work
+        self.drive_here(work, None)
+        work.wait()  # raises the op's error
+        return None
+
+    def drive_here(self, work: ShmWork, until: float | None) -> None:
+        """Run ``work`` in this thread, after the ops queued before it, until done or ``until``.
+
+        An op left unfinished by an earlier wait that gave up (a watchdog's ``HangError``) runs
+        to its end first: every rank runs the ops in the same order.
+        """
+        with self._idle:
+            while self._pending:
+                left = None if until is None else until - time.monotonic()
+                if left is not None and left <= 0:
+                    return
+                self._idle.wait(left)
+        open_work = self._open
+        if open_work is not None and open_work is not work and not open_work.is_completed():
+            self._step(open_work, until)
+            if not open_work.is_completed():
+                return
+        self._open = work
+        self._step(work, until)
+
+    def _step(self, work: ShmWork, until: float | None) -> None:
+        """Advance ``work`` barrier by barrier until it ends (settled) or ``until`` passes."""
+        barrier = self.barrier
+        try:
+            if work.target is None and not self.broken:
+                barrier.start(work.op, work.signature)
+            elif self.broken:
+                raise CollectiveError(
+                    f"{work.op}: the shared-memory path of this group failed before: {self.broken}",
+                    op=work.op,
+                    peer=None,
+                )
+            while True:
+                if work.target is not None:
+                    if not barrier.wait_for(work.target, until):
+                        return  # a slice ended: a later wait goes on from here
+                    work.target = None
+                try:
+                    next(work.steps)
+                except StopIteration:
+                    break
+                work.target = barrier.arrive()
+        except CollectiveError as exc:
+            self.broken = self.broken or str(exc)
+            work.settle(exc)
+        except BaseException as exc:  # handed to the waiter, never lost in the group's thread
+            work.settle(exc)
+        else:
+            work.settle(None)
+
+    def submit(self, work: ShmWork) -> None:
+        """Queue ``work`` for the group's thread (ops run in the order they were queued)."""
+        with self._idle:
+            self._pending += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._serve, name="distcompat-shm", daemon=True
+                )
+                self._thread.start()
+        self._queue.put(work)
+
+    def _serve(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            self._step(work, None)
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+            del work
+
+    def close(self) -> None:
+        """End the async thread after the ops queued (the group is gone, or the process exits).
+
+        The thread is joined (briefly): a daemon thread still alive when the interpreter
+        finalizes is ended inside whatever native frame it is in, and unwinding through torch's
+        ``noexcept`` frames ends the process in ``std::terminate``.
+        """
+        self.broken = self.broken or "the group was destroyed"
+        self._queue.put(None)
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(_JOIN_S)
+
+    # -- the ops (tensors are contiguous and 1-d; the same call on every rank) -----------------
+
+    def _next_buffer(self) -> int:
+        self._chunks += 1
+        return self._chunks & 1
+
+    def all_reduce(self, flat: torch.Tensor, op: Any) -> Call:
+        """Return the op (see ``_all_reduce``)."""
+        return Call(
+            signature("all_reduce", str(flat.dtype), flat.numel(), str(op)),
+            self._all_reduce(flat, op),
+        )
+
+    def _all_reduce(self, flat: torch.Tensor, op: Any) -> Steps:
+        """Reduce ``flat`` in place across the ranks, parts reduced in rank order 0..w-1.
+
+        Rank ``r`` copies in only the parts other ranks reduce, reads its own part of its own
+        input where it is, reduces its part into its slot (whose part ``r`` it left free) and
+        into ``flat``, then copies the other ranks' reduced parts out of their slots. AVG
+        (floating dtypes) is the sum divided by the world size, on the reduced part.
+        """
+        average = op == R.AVG
+        fold = REDUCERS[R.SUM if average else op]
+        seg, me, world = self.segment, self.rank, self.world
+        size, itemsize = flat.numel(), flat.element_size()
+        base = flat.data_ptr()
+        if size * itemsize <= min(SMALL_BYTES, seg.slot_bytes):
+            # One barrier instead of two: every rank folds every slot, in the same order
+            buffer = self._next_buffer()
+            _move(seg.address(buffer, me), base, size * itemsize)
+            yield
+            terms = [slot[:size] for slot in seg.slots(flat.dtype)[buffer]]
+            fold(terms[0], terms[1], out=flat)
+            for term in terms[2:]:
+                fold(flat, term, out=flat)
+            if average:
+                flat.div_(world)
+            return
+        step = seg.slot_bytes // itemsize
+        for start in range(0, size, step):
+            count = min(step, size - start)
+            buffer = self._next_buffer()
+            slots = seg.slots(flat.dtype)[buffer]
+            mine = seg.address(buffer, me)
+            here = base + start * itemsize
+            parts = [_part(count, world, r, itemsize) for r in range(world)]
+            lo, hi = parts[me]
+            _move(mine, here, lo * itemsize)  # the parts the other ranks reduce
+            _move(mine + hi * itemsize, here + hi * itemsize, (count - hi) * itemsize)
+            yield
+            chunk = flat[start : start + count]
+            for a in range(lo, hi, _SERIAL):
+                b = min(hi, a + _SERIAL)
+                acc = slots[me][a:b]
+                terms = [chunk[a:b] if r == me else slots[r][a:b] for r in range(world)]
+                fold(terms[0], terms[1], out=acc)
+                for term in terms[2:]:
+                    fold(acc, term, out=acc)
+                if average:
+                    acc.div_(world)
+            _move(here + lo * itemsize, mine + lo * itemsize, (hi - lo) * itemsize)
+            yield
+            for r, (a, b) in enumerate(parts):
+                if r != me:
+                    _move(
+                        here + a * itemsize,
+                        seg.address(buffer, r) + a * itemsize,
+                        (b - a) * itemsize,
+                    )
+
+    def broadcast(self, flat: torch.Tensor, root: int) -> Call:
+        """Return the op (see ``_broadcast``)."""
+        return Call(
+            signature("broadcast", flat.numel() * flat.element_size(), root),
+            self._broadcast(flat, root),
+        )
+
+    def _broadcast(self, flat: torch.Tensor, root: int) -> Steps:
+        """Copy group rank ``root``'s ``flat`` into every rank's (the whole buffer per chunk)."""
+        seg, me = self.segment, self.rank
+        size = flat.numel() * flat.element_size()
+        step = self.world * seg.slot_bytes
+        base = flat.data_ptr()
+        for start in range(0, size, step):
+            count = min(step, size - start)
+            region = seg.address(self._next_buffer(), 0)
+            if me == root:
+                _move(region, base + start, count)
+            yield
+            if me != root:
+                _move(base + start, region, count)
+
+    def all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Call:
+        """Return the op (see ``_all_gather``)."""
+        return Call(
+            signature("all_gather", flat.numel() * flat.element_size()),
+            self._all_gather(out, flat),
+        )
+
+    def _all_gather(self, out: torch.Tensor, flat: torch.Tensor) -> Steps:
+        """Gather every rank's ``flat`` into ``out`` (rank r's at ``out[r * n : (r + 1) * n]``)."""
+        seg, me, world = self.segment, self.rank, self.world
+        size = flat.numel() * flat.element_size()  # bytes from each rank
+        source, target = flat.data_ptr(), out.data_ptr()
+        for start in range(0, size, seg.slot_bytes):
+            count = min(seg.slot_bytes, size - start)
+            buffer = self._next_buffer()
+            _move(seg.address(buffer, me), source + start, count)
+            yield
+            for rank in range(world):
+                _move(target + rank * size + start, seg.address(buffer, rank), count)
+
+    def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Call:
+        """Return the op (see ``_reduce_scatter``)."""
+        return Call(
+            signature("reduce_scatter", str(out.dtype), out.numel(), str(op)),
+            self._reduce_scatter(out, flat, op),
+        )
+
+    def _reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Steps:
+        """Reduce ``flat`` (w blocks of ``out.numel()``) and keep block ``rank``, in rank order.
+
+        Each rank copies in the blocks of the other ranks' destinations; rank ``r`` folds block
+        ``r`` of every rank (its own from its input) into ``out``.
+        """
+        average = op == R.AVG
+        fold = REDUCERS[R.SUM if average else op]
+        seg, me, world = self.segment, self.rank, self.world
+        size, itemsize = out.numel(), out.element_size()
+        blocks = flat.view(world, size)  # [destination rank, element]
+        step = max(1, seg.slot_bytes // itemsize // world)
+        source = flat.data_ptr()
+        for start in range(0, size, step):
+            count = min(step, size - start)
+            buffer = self._next_buffer()
+            mine = seg.address(buffer, me)
+            for dest in range(world):
+                if dest != me:
+                    _move(
+                        mine + dest * count * itemsize,
+                        source + (dest * size + start) * itemsize,
+                        count * itemsize,
+                    )
+            yield
+            slots = seg.slots(flat.dtype)[buffer]
+            for a in range(0, count, _SERIAL):
+                b = min(count, a + _SERIAL)
+                target = out[start + a : start + b]
+                lo, hi = me * count + a, me * count + b
+                terms = [
+                    blocks[me, start + a : start + b] if r == me else slots[r][lo:hi]
+                    for r in range(world)
+                ]
+                fold(terms[0], terms[1], out=target)
+                for term in terms[2:]:
+                    fold(target, term, out=target)
+                if average:
+                    target.div_(world)

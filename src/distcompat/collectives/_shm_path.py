@@ -1,0 +1,320 @@
+"""Whether a CPU collective goes through shared memory or the backend, decided per group.
+
+A group takes the shared-memory path when every one of its ranks runs on this machine (the same
+boot id and pid namespace in the identities they post, whatever ``LOCAL_WORLD_SIZE`` says: a
+group may be a subset of the host's ranks or span hosts), its CPU backend is gloo, and
+``DISTCOMPAT_SHM`` is not ``off``. The ranks decide together, at the group's first call that
+would use the path, through the group's store::
+
+    engine = engine_for(group, "all_reduce", wire)   # None: use the backend
+    if engine is not None:
+        engine.run("all_reduce", engine.all_reduce(wire.view(-1), op), async_op)
+
+Setup: every rank posts its identity and any local problem; rank 0 creates the segment and posts
+its name, or why it could not; every rank maps it and posts the outcome; rank 0 unlinks the name
+once all have posted. Any problem on any rank sends the whole group to the backend with the same
+reason on every rank (rank 0 prints it as a :class:`SharedMemoryFallbackWarning` when it is a
+failure rather than a choice). :func:`status` says which path a group takes and why.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat._ranks import recorded
+from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
+from distcompat.collectives._peers import Identity
+from distcompat.collectives._shm_barrier import Barrier
+from distcompat.collectives._shm_engine import REDUCERS, Engine
+from distcompat.collectives._shm_segment import (
+    MAX_WORLD,
+    SHM_DIR,
+    Segment,
+    SegmentError,
+    free_bytes,
+    platform_problem,
+    sweep_leftovers,
+)
+from distcompat.launch._settings import ShmChoice, choose_shm
+
+__all__ = [
+    "MIN_BYTES",
+    "SLOT_BYTES",
+    "WIRED",
+    "SharedMemoryFallbackWarning",
+    "ShmStatus",
+    "engine_for",
+    "floor_bytes",
+    "host_reason",
+    "reduces",
+    "reset",
+    "status",
+]
+
+#: Bytes of one rank's slot: chunks of a larger tensor are pipelined through it (halved where
+#: /dev/shm is small: ``Segment.fit``).
+SLOT_BYTES = 4 << 20
+#: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory,
+#: at 2 ranks and at more: below it gloo measured as fast or faster, or the two runs disagreed
+#: (benchmarks/README.md, 2 and 4 ranks on 2 cores).
+MIN_BYTES: dict[str, tuple[int, int]] = {
+    "all_reduce": (1 << 10, 1 << 10),
+    "broadcast": (1 << 20, 16 << 20),
+    "all_gather_into_tensor": (0, 0),
+    "reduce_scatter_tensor": (1 << 10, 0),
+    "reduce_scatter": (1 << 10, 0),  # the list form: reduce_scatter_tensor of the concatenation
+}
+#: The collectives that take the path where it applies (the others always use the backend).
+WIRED = frozenset(
+    {"all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "reduce_scatter"}
+)
+_KEY = "distcompat/shm"
+_ARITHMETIC = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
+_DEFAULT_TIMEOUT_S = 1800.0
+
+
+class SharedMemoryFallbackWarning(RuntimeWarning):
+    """The shared-memory path could not be set up for a group; its collectives use gloo."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShmStatus:
+    """A group's path: ``engaged`` (shared memory) or not, and why."""
+
+    engaged: bool
+    reason: str
+
+
+_groups: weakref.WeakKeyDictionary[Any, Engine | ShmStatus] = weakref.WeakKeyDictionary()
+_choice: ShmChoice | None = None
+
+
+def choice() -> ShmChoice:
+    """Return ``DISTCOMPAT_SHM``'s setting, read once (:func:`reset` reads it again)."""
+    global _choice
+    if _choice is None:
+        _choice = choose_shm()
+    return _choice
+
+
+def reset() -> None:
+    """Forget the setting and every group's decision (tests; a group set up keeps its engine)."""
+    global _choice
+    _choice = None
+    for found in list(_groups.values()):
+        if isinstance(found, Engine):
+            found.close()
+    _groups.clear()
+
+
+def floor_bytes(collective: str, world: int) -> float:
+    """Return the smallest tensor (bytes) of ``collective`` the path takes now (inf: none)."""
+    mode = choice().mode
+    if mode == "off":
+        return math.inf
+    return 0 if mode == "on" else MIN_BYTES[collective][0 if world <= 2 else 1]
+
+
+def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | None:
+    """Return the group's engine when ``collective`` on ``tensor`` takes the path, else None.
+
+    The first call that could take it sets the path up, on every rank together.
+    """
+    key = group if group is not None else dist.group.WORLD
+    if tensor.device.type != "cpu" or tensor.nbytes < floor_bytes(
+        collective, dist.get_world_size(key)
+    ):
+        return None
+    found = _groups.get(key)
+    if found is None:
+        found = _groups[key] = _set_up(key)
+    if isinstance(found, Engine) and not found.broken:
+        return found
+    return None
+
+
+def reduces(op: Any, dtype: torch.dtype) -> bool:
+    """Return whether the path reduces ``dtype`` with ``op`` (a plan's RedOpType)."""
+    if op in _ARITHMETIC:
+        return dtype != torch.bool
+    if op == dist.ReduceOp.AVG:
+        return dtype.is_floating_point
+    return op in REDUCERS and not dtype.is_floating_point and dtype != torch.bool
+
+
+def status(group: Any) -> ShmStatus:
+    """Return the path ``group``'s CPU collectives take (nothing is sent or set up).
+
+    Exported as ``distcompat.collectives.shm_status``.
+
+    Example:
+        >>> status(None).engaged
+        False
+    """
+    mode = choice()
+    if mode.mode == "off":
+        return ShmStatus(engaged=False, reason=mode.reason)
+    if not (dist.is_available() and dist.is_initialized()):
+        return ShmStatus(engaged=False, reason="no process group")
+    key = group if group is not None else dist.group.WORLD
+    found = _groups.get(key)
+    if isinstance(found, Engine):
+        if found.broken:
+            return ShmStatus(engaged=False, reason=f"the path failed on this group: {found.broken}")
+        size = found.segment.size / 2**20
+        return ShmStatus(
+            engaged=True, reason=f"all {found.world} ranks on this machine ({size:.1f} MiB segment)"
+        )
+    if isinstance(found, ShmStatus):
+        return found
+    problem = _local_problem(key)
+    if problem:
+        return ShmStatus(engaged=False, reason=problem)
+    return ShmStatus(
+        engaged=True, reason="not set up yet: decided with the other ranks at the first call"
+    )
+
+
+def host_reason(environ: Mapping[str, str] | None = None) -> str:
+    """Say whether CPU collectives on this machine may use shared memory (no group needed).
+
+    ``distcompat doctor`` prints it. A malformed ``DISTCOMPAT_SHM`` raises ``LaunchEnvError``.
+
+    Example:
+        >>> host_reason({"DISTCOMPAT_SHM": "off"})
+        'off: DISTCOMPAT_SHM=off'
+    """
+    setting = choose_shm(environ)
+    if setting.mode == "off":
+        return setting.reason
+    problem = platform_problem()
+    if problem:
+        return f"gloo: {problem} ({setting.reason})"
+    room = free_bytes() / 2**20
+    return (
+        f"{setting.reason}; decided per group at its first call: shared memory when every rank "
+        f"is on one machine ({SHM_DIR} has {room:.0f} MiB free)"
+    )
+
+
+def _local_problem(key: Any) -> str:
+    """Return a reason this rank alone can see for the backend ('' if none)."""
+    if backend_for(key, torch.device("cpu")) != "gloo":
+        return "the group's CPU backend is not gloo"
+    world = dist.get_world_size(key)
+    if world > MAX_WORLD:
+        return f"more than {MAX_WORLD} ranks"
+    return platform_problem()
+
+
+def _timeout_s(key: Any) -> float:
+    """Return the group's timeout (its own, else the default group's, else a default)."""
+    own = group_timeout_s(key)
+    if own is not None:
+        return own
+    info = recorded()
+    if info is not None and info.timeout is not None:
+        return info.timeout.total_seconds()
+    return _DEFAULT_TIMEOUT_S
+
+
+def _set_up(key: Any) -> Engine | ShmStatus:
+    """Decide with the group's other ranks, and set the path up if every rank can take it."""
+    if backend_for(key, torch.device("cpu")) != "gloo":
+        return ShmStatus(
+            engaged=False, reason="the group's CPU backend is not gloo"
+        )  # the same on every rank
+    if dist.get_world_size(key) > MAX_WORLD:
+        return ShmStatus(engaged=False, reason=f"more than {MAX_WORLD} ranks")
+    try:
+        store = dist.distributed_c10d._get_process_group_store(key)
+    except (AttributeError, RuntimeError, ValueError) as exc:
+        return ShmStatus(engaged=False, reason=f"no store to set the path up through ({exc})")
+    try:
+        outcome = _agree_and_map(key, store)
+    except (RuntimeError, ValueError) as exc:  # a store wait ran out: a rank never came
+        outcome = ShmStatus(
+            engaged=False, reason=f"failed: setup did not complete on every rank: {exc}"
+        )
+    if isinstance(outcome, Engine):
+        weakref.finalize(key, outcome.close)
+    elif outcome.reason.startswith("failed") and dist.get_rank(key) == 0:
+        warnings.warn(
+            f"distcompat: CPU collectives of this group use gloo, not shared memory: "
+            f"{outcome.reason}",
+            SharedMemoryFallbackWarning,
+            stacklevel=5,
+        )
+    return outcome
+
+
+def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
+    rank, world = dist.get_rank(key), dist.get_world_size(key)
+    wait = timedelta(seconds=_timeout_s(key))
+    generation = (int(store.add(f"{_KEY}/setups", 1)) - 1) // world  # this setup's number
+    base = f"{_KEY}/{generation}"
+    me = Identity.here()
+    hello = {"identity": me.to_json(), "problem": platform_problem()}
+    store.set(f"{base}/hello/{rank}", json.dumps(hello))
+    keys = [f"{base}/hello/{r}" for r in range(world)]
+    store.wait(keys, wait)
+    hellos = [json.loads(store.get(k)) for k in keys]
+    for r, other in enumerate(hellos):
+        if other["problem"]:
+            return ShmStatus(
+                engaged=False, reason=f"rank {global_rank(key, r)}: {other['problem']}"
+            )
+    identities = [Identity.from_json(h["identity"]) for h in hellos]
+    machines = {identity.machine for identity in identities}
+    if "" in machines or len(machines) > 1:
+        hosts = sorted({identity.host for identity in identities})
+        where = ", ".join(hosts)
+        return ShmStatus(
+            engaged=False, reason=f"the group's ranks are not all on one machine ({where})"
+        )
+    segment: Segment | None = None
+    problem = ""
+    if rank == 0:
+        sweep_leftovers()
+        try:
+            segment = Segment.create(world, Segment.fit(world, SLOT_BYTES))
+            store.set(f"{base}/name", f"{segment.slot_bytes} {segment.path}")
+        except SegmentError as exc:
+            problem = f"failed on rank {global_rank(key, 0)}: {exc.strerror or exc}"
+            store.set(f"{base}/name", "!" + problem)
+    else:
+        name = store.get(f"{base}/name").decode()
+        if name.startswith("!"):
+            problem = name[1:]
+        else:
+            slot_bytes, path = name.split(" ", 1)
+            try:
+                segment = Segment.attach(path, world, int(slot_bytes))
+            except SegmentError as exc:
+                problem = f"failed on rank {global_rank(key, rank)}: {exc.strerror or exc}"
+    store.set(f"{base}/mapped/{rank}", "!" + problem if problem else "ok")
+    keys = [f"{base}/mapped/{r}" for r in range(world)]
+    try:
+        store.wait(keys, wait)
+        posts = [store.get(k).decode() for k in keys]
+    finally:
+        if rank == 0 and segment is not None:
+            segment.unlink()  # every rank has it mapped (or gave up): nothing left in /dev/shm
+    failed = [post[1:] for post in posts if post.startswith("!")]
+    if failed or segment is None:
+        if segment is not None:
+            segment.close()
+        return ShmStatus(engaged=False, reason=failed[0] if failed else problem)
+    peers = {r: (global_rank(key, r), identities[r]) for r in range(world) if r != rank}
+    barrier = Barrier(segment, rank, peers, wait.total_seconds())
+    return Engine(segment, barrier, rank=rank, world=world)

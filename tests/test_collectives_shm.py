@@ -1,0 +1,363 @@
+"""The shared-memory path for same-host CPU collectives (``collectives._shm_*``) on gloo groups.
+
+Property tests draw the collective, dtype, ReduceOp, an odd size and a memory layout at world
+sizes 2, 3 and 4 (4 ranks on this 2-core machine: the barrier must not starve anyone); every rank
+checks its result against raw gloo or a local fold and against every other rank's bytes
+(tests/shm_cases.py). Then the failure modes: a killed or stopped peer, leftovers in /dev/shm, a
+segment that cannot be made, and the switch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from _rank_processes import run_ranks
+from distcompat.collectives import _shm_path as shm
+from distcompat.collectives._shm_engine import Engine
+from distcompat.collectives._shm_segment import SHM_DIR, Segment, sweep_leftovers
+from distcompat.testing import RankFailedError, RankTimeoutError, run_on_ranks
+from shm_cases import (
+    DTYPES,
+    LAYOUTS,
+    OPS,
+    TEST_SLOT_BYTES,
+    ShmCase,
+    calls_on_path,
+    configure,
+    run_shm_case,
+)
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or os.uname().machine != "x86_64",
+    reason="the shared-memory path is offered on Linux x86-64 only",
+)
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+_PREFIX = "distcompat-shm-"
+
+
+def _defined(case: ShmCase) -> bool:
+    floating = DTYPES[case.dtype].is_floating_point
+    return not (case.op == "AVG" and not floating)
+
+
+_cases = st.builds(
+    ShmCase,
+    collective=st.sampled_from(
+        ["all_reduce", "all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor"]
+    ),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    op=st.sampled_from(OPS),
+    numel=st.one_of(st.integers(1, 40), st.integers(1, 1500).map(lambda n: 2 * n + 1)),
+    layout=st.sampled_from(LAYOUTS),
+    seed=st.integers(0, 10_000),
+).filter(_defined)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+@SETTINGS
+@given(case=_cases)
+def test_shared_memory_equals_gloo_and_is_identical_on_every_rank(
+    world_size: int, case: ShmCase
+) -> None:
+    assert run_on_ranks(run_shm_case, world_size, args=(case,)) == ["ok"] * world_size
+
+
+def _async_and_sizes() -> dict[str, Any]:
+    """Async handles, 0-d and empty tensors, and sizes around the chunk size on the path."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import CompatWork, all_reduce
+
+    configure()
+    world = dist.get_world_size()
+    seen: dict[str, Any] = {"engaged": shm.status(None).engaged}
+    work = all_reduce(torch.ones(1001), async_op=True)
+    assert isinstance(work, CompatWork)
+    doubled = work.get_future().then(lambda f: f.value()[0] * 2)
+    seen["then"] = doubled.wait()[:2].tolist()
+    seen["async_value"] = work.wait()
+    pending = [all_reduce(torch.full((300,), float(i)), async_op=True) for i in range(5)]
+    sync = torch.ones(7)
+    all_reduce(sync)  # waits for the async ops before it, then runs in this thread
+    seen["in_order"] = [int(w.get_future().value()[0][0]) for w in pending] + [int(sync[0])]
+    scalar, empty = torch.tensor(2.0), torch.empty(0, 3)
+    all_reduce(scalar)
+    all_reduce(empty)
+    seen["scalar"], seen["empty"] = float(scalar), list(empty.shape)
+    per_chunk = TEST_SLOT_BYTES // 4
+    for n in (per_chunk - 1, per_chunk, per_chunk + 1, 2 * per_chunk, 7 * per_chunk + 3):
+        t = torch.arange(n, dtype=torch.float32)
+        all_reduce(t)
+        assert torch.equal(t, torch.arange(n, dtype=torch.float32) * world), n
+    seen["world"] = world
+    return seen
+
+
+def test_async_ops_have_working_futures_and_keep_issue_order() -> None:
+    seen = run_on_ranks(_async_and_sizes, 2)[0]
+    assert seen["engaged"]
+    assert seen["then"] == [4.0, 4.0]
+    assert seen["async_value"] is True
+    assert seen["in_order"] == [0, 2, 4, 6, 8, 2]
+    assert (seen["scalar"], seen["empty"]) == (4.0, [0, 3])
+
+
+def _fault(fault: str, record: str) -> None:
+    """The last rank is SIGKILLed or SIGSTOPped while the others are in a shared-memory op."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import CollectiveTimeoutError, PeerLostError, all_reduce
+
+    configure()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(ranks=list(range(world)), timeout=timedelta(seconds=2))
+    for _ in range(3):
+        all_reduce(torch.ones(1 << 12), group=group)
+    assert shm.status(group).engaged
+    dist.barrier(group=group)
+    if rank == world - 1:
+        time.sleep(0.3)  # let the others enter the collective first
+        os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        time.sleep(60)
+    started = time.monotonic()
+    try:
+        for _ in range(100_000):
+            all_reduce(torch.ones(1 << 12), group=group)
+        seen: dict[str, Any] = {"error": "none"}
+    except (PeerLostError, CollectiveTimeoutError) as exc:
+        seen = {
+            "error": type(exc).__name__,
+            "bases": [base.__name__ for base in type(exc).__mro__],
+            "peers": list(exc.peers),
+            "message": str(exc),
+        }
+    seen["after_s"] = time.monotonic() - started
+    seen["leftovers"] = [n for n in os.listdir(SHM_DIR) if n.startswith(_PREFIX)]
+    with open(f"{record}.rank{rank}", "w") as out:
+        json.dump(seen, out)
+    if fault == "stop" and rank == 0:  # end the stopped rank, so the test need not wait for it
+        deadline = time.monotonic() + 10  # once every survivor has seen the timeout
+        while time.monotonic() < deadline and not all(
+            os.path.exists(f"{record}.rank{r}") for r in range(world - 1)
+        ):
+            time.sleep(0.05)
+        engine = shm._groups[group]
+        assert isinstance(engine, Engine)
+        os.kill(engine.barrier.peers[world - 1][1].pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize(
+    ("fault", "error", "base", "within_s"),
+    [
+        ("kill", "PeerLostError", "ConnectionError", 2.0),
+        ("stop", "CollectiveTimeoutError", "TimeoutError", 2.0 + 3.0),  # the group timeout + slack
+    ],
+)
+def test_a_killed_or_stopped_peer_raises_the_typed_error_naming_it(
+    fault: str, error: str, base: str, within_s: float, world_size: int, tmp_path: Any
+) -> None:
+    """The same errors and bounds as the gloo path (test_collectives_work.py)."""
+    victim = world_size - 1
+    record = tmp_path / "seen"
+    with pytest.raises((RankFailedError, RankTimeoutError)):  # the victim died, by design
+        run_on_ranks(_fault, world_size, args=(fault, str(record)), timeout=15)
+    for rank in range(victim):
+        seen = json.loads((tmp_path / f"seen.rank{rank}").read_text())
+        assert seen["error"] == error, seen
+        assert base in seen["bases"]
+        assert seen["peers"] == [victim]
+        assert f"(rank {victim})" in seen["message"]
+        assert seen["after_s"] < within_s
+        assert seen["leftovers"] == []  # unlinked at setup: a crash leaves nothing behind
+
+
+def _ours() -> set[str]:
+    return {n for n in os.listdir(SHM_DIR) if n.startswith(_PREFIX)}
+
+
+def test_nothing_is_left_in_dev_shm_after_a_normal_exit() -> None:
+    """Fresh rank processes (a script, as a launcher starts it) set the path up and exit."""
+    script = Path(__file__).with_name("_shm_script.py")
+    ended = run_ranks(script, 2, env={"DISTCOMPAT_SHM": "on"}, timeout=60)
+    assert [e.returncode for e in ended] == [0, 0], [e.stderr[-2000:] for e in ended]
+    for one in ended:
+        assert "ENGAGED True" in one.stdout
+        assert "SUM 2" in one.stdout
+    pids = [
+        line.split()[1] for e in ended for line in e.stdout.splitlines() if line.startswith("PID")
+    ]
+    assert len(pids) == 2
+    assert not [name for name in _ours() if name.split("-")[2] in pids]  # names carry the creator
+
+
+def test_a_segment_left_by_a_killed_creator_is_swept() -> None:
+    """A SIGKILL between create and unlink (the only window) leaves a name; setup sweeps it."""
+    code = (
+        "import os, signal\n"
+        "from distcompat.collectives._shm_segment import Segment\n"
+        "s = Segment.create(2, 4096)\n"
+        "print(s.path, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL
+    left = child.stdout.strip()
+    assert os.path.exists(left)
+    alive = Segment.create(2, 4096)  # this process is alive: its segment stays
+    try:
+        removed = sweep_leftovers()
+        assert os.path.basename(left) in removed
+        assert not os.path.exists(left)
+        assert os.path.exists(alive.path)
+    finally:
+        alive.unlink()
+        alive.close()
+
+
+def _cannot_reserve() -> dict[str, Any]:
+    """/dev/shm too small (faked: 4 KiB free, as rank 0 reads it): gloo, with a reason."""
+    import warnings
+
+    import distcompat.distributed as dist
+    from distcompat.collectives import _shm_segment, all_reduce
+
+    real = _shm_segment._free_bytes
+    _shm_segment._free_bytes = lambda: 4096  # what rank 0 reads when it sizes the segment
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            configure(slot_bytes=TEST_SLOT_BYTES * 2)  # a new setup
+            t = torch.ones(5)
+            all_reduce(t)
+        status = shm.status(None)
+    finally:
+        _shm_segment._free_bytes = real
+    configure()  # back to the tests' slot size for later tests on these ranks
+    return {
+        "value": t.tolist(),
+        "world": dist.get_world_size(),
+        "engaged": status.engaged,
+        "reason": status.reason,
+        "warned": [str(w.message) for w in caught if w.category is shm.SharedMemoryFallbackWarning],
+    }
+
+
+def test_a_segment_that_cannot_be_made_falls_back_to_gloo_with_a_reason() -> None:
+    seen = run_on_ranks(_cannot_reserve, 2)
+    for rank, one in enumerate(seen):
+        assert one["value"] == [2.0] * 5
+        assert not one["engaged"]
+        assert "failed on rank 0: /dev/shm has 0.0 MiB free" in one["reason"]
+        assert len(one["warned"]) == (1 if rank == 0 else 0)  # rank 0 prints it
+
+
+def _switched_off() -> tuple[bool, str, str]:
+    from distcompat.collectives import all_reduce, explain_collective
+
+    configure(mode="off")
+    t = torch.ones(3)
+    all_reduce(t)
+    plan = str(explain_collective("all_reduce", t))
+    engaged, reason = shm.status(None).engaged, shm.status(None).reason
+    configure()
+    return engaged, reason, plan
+
+
+def test_distcompat_shm_off_keeps_gloo_and_says_so() -> None:
+    engaged, reason, plan = run_on_ranks(_switched_off, 2)[0]
+    assert not engaged
+    assert reason == "off: DISTCOMPAT_SHM=off"
+    assert "DISTCOMPAT_SHM=off" in plan
+
+
+def _ddp_with_the_hook() -> tuple[list[list[float]], int]:
+    """A DDP model whose gradient buckets go through the hook, on the shared-memory path."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import allreduce_hook
+
+    configure()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+    model.register_comm_hook(None, allreduce_hook)
+    before = calls_on_path()
+    rank = dist.get_rank()
+    model(torch.full((3, 4), float(rank + 1))).sum().backward()
+    grad = model.module.weight.grad
+    assert grad is not None
+    return grad.tolist(), calls_on_path() - before
+
+
+def test_the_ddp_hook_averages_gradients_through_shared_memory() -> None:
+    for grads, calls in run_on_ranks(_ddp_with_the_hook, 2):
+        assert grads == [[4.5] * 4] * 2  # d(sum)/dW = 3 rows of (rank + 1), averaged over 2 ranks
+        assert calls >= 1
+
+
+def _auto() -> tuple[bool, bool, str, str]:
+    from distcompat.collectives import all_reduce, explain_collective
+
+    configure(mode="auto")
+    tiny, big = torch.ones(1), torch.ones(1 << 14)
+    before = calls_on_path()
+    all_reduce(tiny)
+    tiny_took = calls_on_path() != before
+    all_reduce(big)
+    big_took = calls_on_path() > max(before, 0)
+    plans = str(explain_collective("all_reduce", tiny)), str(explain_collective("all_reduce", big))
+    configure()
+    return tiny_took, big_took, *plans
+
+
+def test_auto_keeps_tiny_all_reduces_on_gloo_and_says_why() -> None:
+    tiny_took, big_took, tiny_plan, big_plan = run_on_ranks(_auto, 2)[0]
+    assert (tiny_took, big_took) == (False, True)
+    assert "gloo: 4 bytes is below the 1024 bytes" in tiny_plan
+    assert "path: shared memory: all 2 ranks on this machine" in big_plan
+
+
+def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:
+    """Rank 1 posts another machine's boot id (a stand-in for a group that spans two hosts)."""
+    import dataclasses
+
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_reduce
+    from distcompat.collectives._peers import Identity
+
+    class Elsewhere(Identity):
+        @classmethod
+        def here(cls) -> Identity:
+            me = Identity.here()
+            return dataclasses.replace(me, host="node1", machine="another-boot/another-ns")
+
+    elsewhere = mock.patch.object(shm, "Identity", Elsewhere)
+    with elsewhere if dist.get_rank() == 1 else contextlib.nullcontext():
+        configure(slot_bytes=TEST_SLOT_BYTES * 4)  # a new setup, where the ranks post identities
+        t = torch.ones(3)
+        all_reduce(t)
+        status = shm.status(None)
+    configure()
+    return status.engaged, status.reason, t.tolist()
+
+
+def test_a_group_across_machines_stays_on_gloo() -> None:
+    for engaged, reason, value in run_on_ranks(_as_if_on_two_machines, 2):
+        assert not engaged
+        assert "not all on one machine" in reason
+        assert "node1" in reason
+        assert value == [2.0, 2.0, 2.0]
