@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat._ranks import recorded, side_store
+from distcompat._ranks import side_store
 from distcompat.collectives._agree_posts import (
     ROWS_VARY,
     late_error,
@@ -53,7 +53,7 @@ from distcompat.collectives._errors import (
     PeerLostError,
     raise_typed,
 )
-from distcompat.collectives._group import global_rank, group_timeout_s
+from distcompat.collectives._group import FALLBACK_TIMEOUT_S, global_rank, group_timeout_s
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._peers import gone_peers
 from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
@@ -84,8 +84,6 @@ _MAX_PAUSE_S = 0.02
 _MAX_AGREED = 4096
 #: Recent signatures kept per group, to answer a question about a call already made.
 _HISTORY = 256
-#: The wait for every rank's post when the group's own timeout is unknown (an adopted group).
-_DEFAULT_WAIT_S = 1800.0
 
 _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 
@@ -104,7 +102,7 @@ class _State:
     store: QuickStore | None  # None: this group is not checked by default
     rank: int
     world: int
-    wait_s: float = _DEFAULT_WAIT_S
+    wait_s: float = FALLBACK_TIMEOUT_S
     seq: int = 0
     agreed: set[Any] = field(default_factory=set)  # steps: (previous code, code), see record()
     previous: int = 0  # the last call's signature code (this process's hash of it)
@@ -155,12 +153,7 @@ def _new_state(key: Any) -> _State:
         return _State(store=None, rank=rank, world=world)
     store, prefix = found
     name = getattr(key, "group_name", None) or ",".join(map(str, dist.get_process_group_ranks(key)))
-    info = recorded()
     wait_s = group_timeout_s(key)  # the group's own: a subgroup may have a shorter one
-    if wait_s is None:
-        wait_s = (
-            info.timeout.total_seconds() if info is not None and info.timeout else _DEFAULT_WAIT_S
-        )
     listening = True
     return _State(
         store=QuickStore(dist.PrefixStore(f"{prefix}/agree/{name}", store)),

@@ -15,8 +15,9 @@ clone of the group's store, made on that thread), and the caller waits at most
     quick.check(["s/3/0", "s/3/1"])    # raises StoreUnreachable within TIMEOUT_S
 
 A request that does not come back in time leaves the thread blocked in it. Until it returns,
-every further request fails at once (one stuck thread at most, never one per request); when it
-does return, the connection is in step again and is used on; after an error it is replaced.
+every further request waits once more for it (up to :data:`TIMEOUT_S`) and then fails without
+being sent (one stuck thread at most, never one per request); when it does return, the
+connection is in step again and is used on; after an error it is replaced.
 """
 
 from __future__ import annotations

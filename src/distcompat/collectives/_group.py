@@ -12,7 +12,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat._ranks import recorded
+
 __all__ = [
+    "FALLBACK_TIMEOUT_S",
     "NotInGroupError",
     "backend_for",
     "global_rank",
@@ -109,18 +112,27 @@ def backend_for(group: Any, device: torch.device) -> str:
     return known.get(device.type, known["*"])
 
 
-def group_timeout_s(group: Any) -> float | None:
-    """Return ``group``'s own timeout in seconds (None where this torch does not say).
+#: A group's timeout where neither it nor the default group says (an adopted group, seconds).
+FALLBACK_TIMEOUT_S = 1800.0
 
-    torch keeps it in the CPU backend's options, privately (``_timeout``); a subgroup made with
-    ``new_group(timeout=...)`` has its own, which the default group's does not tell.
+
+def group_timeout_s(group: Any) -> float:
+    """Return ``group``'s timeout in seconds: its own, else the default group's, else 30 min.
+
+    torch keeps a group's own timeout in the CPU backend's options, privately (``_timeout``); a
+    subgroup made with ``new_group(timeout=...)`` has its own, which the default group's does not
+    tell. Where this torch does not say, the timeout init_distributed recorded applies, and
+    :data:`FALLBACK_TIMEOUT_S` where there is none.
 
     Example:
-        >>> group_timeout_s(None) is None   # no group here
-        True
+        >>> group_timeout_s(None)   # no group here
+        1800.0
     """
     try:
         options = group._get_backend(torch.device("cpu")).options
         return float(options._timeout.total_seconds())
     except (AttributeError, RuntimeError, ValueError):
-        return None
+        info = recorded()
+        if info is not None and info.timeout is not None:
+            return info.timeout.total_seconds()
+        return FALLBACK_TIMEOUT_S

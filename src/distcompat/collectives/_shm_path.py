@@ -31,7 +31,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat._ranks import recorded
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
 from distcompat.collectives._peers import Identity
 from distcompat.collectives._shm_barrier import Barrier
@@ -80,7 +79,6 @@ WIRED = frozenset(
 )
 _KEY = "distcompat/shm"
 _ARITHMETIC = (dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX)
-_DEFAULT_TIMEOUT_S = 1800.0
 
 
 class SharedMemoryFallbackWarning(RuntimeWarning):
@@ -217,17 +215,6 @@ def _local_problem(key: Any) -> str:
     return platform_problem()
 
 
-def _timeout_s(key: Any) -> float:
-    """Return the group's timeout (its own, else the default group's, else a default)."""
-    own = group_timeout_s(key)
-    if own is not None:
-        return own
-    info = recorded()
-    if info is not None and info.timeout is not None:
-        return info.timeout.total_seconds()
-    return _DEFAULT_TIMEOUT_S
-
-
 def _set_up(key: Any) -> Engine | ShmStatus:
     """Decide with the group's other ranks, and set the path up if every rank can take it."""
     if backend_for(key, torch.device("cpu")) != "gloo":
@@ -260,7 +247,7 @@ def _set_up(key: Any) -> Engine | ShmStatus:
 
 def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
     rank, world = dist.get_rank(key), dist.get_world_size(key)
-    wait = timedelta(seconds=_timeout_s(key))
+    wait = timedelta(seconds=group_timeout_s(key))
     generation = (int(store.add(f"{_KEY}/setups", 1)) - 1) // world  # this setup's number
     base = f"{_KEY}/{generation}"
     me = Identity.here()
