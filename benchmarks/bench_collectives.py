@@ -154,11 +154,17 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
     End-to-end timings of tiny collectives vary by tens of microseconds between round trips on
     a shared 2-core box, which hides a few microseconds of Python; this isolates them. Blocks of
     ``calls / rounds`` calls alternate between the two sides; the median difference is reported.
+
+    The shared-memory path is off here (``DISTCOMPAT_SHM=off``): it takes tiny all-gathers
+    itself, so a no-op backend would not stand in for the op there; the end-to-end rows measure
+    it. distcompat's reduce_scatter_tensor is an all-to-all (a no-op here) plus a local
+    reduction of the rows, which stays in its cost: gloo's own reduction is inside the no-op.
     """
     t, out, inp = torch.ones(1), torch.empty(2), torch.ones(2)
     pg_type = type(tdist.group.WORLD)
     methods = ("allreduce", "broadcast", "all_to_all_single", "alltoall_base",
-               "all_gather_single", "_allgather_base")  # fmt: skip
+               "all_gather_single", "_allgather_base", "reduce_scatter_single",
+               "_reduce_scatter_base", "reduce_scatter_tensor")  # fmt: skip
     # the class's own entries (pybind's method descriptors): getattr() would hand back
     # functions that no longer bind ``self`` once set back on the class
     real = {name: vars(pg_type)[name] for name in methods if name in vars(pg_type)}
@@ -174,8 +180,15 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
             lambda: dc.all_gather_into_tensor(out, t),
             lambda: tdist.all_gather_single(out, t),  # torch 2.13's name: no FutureWarning
         ),
+        "reduce_scatter_tensor": (
+            lambda: dc.reduce_scatter_tensor(t, inp),
+            lambda: _SCATTER(t, inp),
+        ),
     }
     cost = {}
+    shm_setting = os.environ.get("DISTCOMPAT_SHM")
+    os.environ["DISTCOMPAT_SHM"] = "off"
+    shm.reset()
     try:
         for name in real:
             setattr(pg_type, name, lambda *args, **kwargs: done)
@@ -195,6 +208,11 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
     finally:
         for name, fn in real.items():
             setattr(pg_type, name, fn)
+        if shm_setting is None:
+            del os.environ["DISTCOMPAT_SHM"]
+        else:
+            os.environ["DISTCOMPAT_SHM"] = shm_setting
+        shm.reset()
     return cost
 
 

@@ -37,6 +37,12 @@ def _finish(out: Path, seen: dict[str, Any]) -> None:
     os._exit(0)
 
 
+def _line_of(marker: str) -> int:
+    """The line number of ``marker`` in this file (a call site is asserted by line)."""
+    lines = Path(__file__).read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if marker in text and "_line_of" not in text)
+
+
 def _busy(seconds: float) -> None:
     """Pure-Python work (holds and releases the GIL like real compute)."""
     end = time.monotonic() + seconds
@@ -143,6 +149,11 @@ def test_collective_on_rank_zero_only(tmp_path: Path) -> None:
     assert report.verdict.diverged == (0, 1)  # rank 0's #1 is all_reduce, rank 1's is barrier
     assert "rank 1: #1 barrier()" in seen[0]["message"]
     assert "test_diagnostics.py" in seen[0]["message"]  # the call sites are the user's lines
+    # rank 0's all_reduce took the fast path (a lean record without a site): its site was found
+    # from the live frames once it outlasted the first wait
+    (stuck,) = report.states[0].in_flight  # type: ignore[union-attr]
+    assert stuck.op == "all_reduce"
+    assert stuck.site.endswith(f"test_diagnostics.py:{_line_of('the classic: a collective')}")
 
 
 def test_killed_rank_is_reported_gone(tmp_path: Path) -> None:

@@ -188,7 +188,9 @@ def agree(
     state = state_for(group)
     if state.store is None:
         return
-    if reduce_op is not None and type(reduce_op) is not _RED_OP_TYPE:
+    if type(reduce_op) is _RED_OP_TYPE:
+        reduce_op = reduce_op.name  # "SUM": what the fast paths (_direct) put in the signature
+    elif reduce_op is not None:
         reduce_op = str(getattr(reduce_op, "op", reduce_op))  # a PREMUL_SUM ReduceOp object
     if tensor is None:
         sig: tuple[Any, ...] = (op, None, None, reduce_op, root)

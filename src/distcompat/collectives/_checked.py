@@ -18,7 +18,9 @@ on gloo here); use it while debugging, not in production runs. Outside it, the d
 :mod:`distcompat.diagnostics` has a watchdog or a single-rank region active it installs
 ``pre_call`` (history record, single-rank check) and ``watch`` (bounded waits in ``issue()`` and
 ``CompatWork.wait()``). With nothing installed the hook costs one module-global lookup plus the
-default check's bookkeeping; the common calls skip it and do that bookkeeping in ``_direct``.
+default check's bookkeeping; the common calls skip it and do that bookkeeping in ``_direct``, the
+watchdog's record included. Only checked mode and single-rank regions (``_general``) send every
+call through here.
 """
 
 from __future__ import annotations
@@ -63,13 +65,23 @@ _pre_call: PreCall | None = None
 watch: Any = None
 #: ``_enabled or _pre_call or watch``: the one flag verify() reads when nothing is enabled.
 _active = False
+#: Diagnostics want every call's pre-call hook: a single-rank region is open in some thread, or
+#: a declared hang poisons the group (``distcompat.diagnostics``).
+_hooked = False
+#: ``_enabled or _hooked``: every call must run :func:`verify` (``_direct`` steps aside).
+_general = False
 
 
-def set_hooks(pre_call: PreCall | None, watcher: Any) -> None:
-    """Install (or, with None, remove) the diagnostics pre-call hook and watchdog."""
-    global _pre_call, watch, _active
-    _pre_call, watch = pre_call, watcher
+def set_hooks(pre_call: PreCall | None, watcher: Any, *, general: bool = False) -> None:
+    """Install (or, with None, remove) the diagnostics pre-call hook and watchdog.
+
+    ``general``: every call must go through verify() (a single-rank region is open somewhere,
+    or a hang was declared); otherwise the fast paths record the call with ``watcher.note``.
+    """
+    global _pre_call, watch, _active, _hooked, _general
+    _pre_call, watch, _hooked = pre_call, watcher, general
     _active = _enabled or pre_call is not None or watcher is not None
+    _general = _enabled or general
     _agree.on_wait = None if watcher is None else watcher.agreement_wait
 
 
@@ -84,15 +96,17 @@ def checked(enabled: bool = True, *, timeout: float = 60.0) -> Iterator[None]:
         ...     is_checked()
         True
     """
-    global _enabled, _wait_s, _active
+    global _enabled, _wait_s, _active, _general
     previous = (_enabled, _wait_s)
     _enabled, _wait_s = enabled, timeout
     _active = _enabled or _pre_call is not None or watch is not None
+    _general = _enabled or _hooked
     try:
         yield
     finally:
         _enabled, _wait_s = previous
         _active = _enabled or _pre_call is not None or watch is not None
+        _general = _enabled or _hooked
 
 
 def is_checked() -> bool:

@@ -14,9 +14,14 @@ same options::
 
 The common case: a plain ``torch.Tensor`` (no subclass, no torch-function mode: those go
 through torch's dispatch) on the CPU, dense, of a dtype the backend handles natively, on a group
-of more than one rank that an earlier call already looked up; no checked mode, diagnostics hook
+of more than one rank that an earlier call already looked up; no checked mode, single-rank region
 or capability-probe results that would change the call. The options keep ``asyncOp`` at its
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
+
+An active watchdog (on by default) keeps the fast path: the call is recorded first
+(``Watchdog.note``, which also refuses calls after a declared hang), an async handle is tracked
+as in ``issue()``, and a synchronous call waits one slice (``Watchdog.first_wait``) here; only a
+call that outlasts it becomes the watchdog's bounded wait (``Watchdog.wait_late``).
 """
 
 from __future__ import annotations
@@ -32,14 +37,15 @@ from torch.overrides import has_torch_function
 
 from distcompat.collectives import _agree, _checked, _probed, _shm_path
 from distcompat.collectives._errors import raise_typed
-from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE
+from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
 
-__all__ = ["SKIP", "allgather", "allreduce", "alltoall", "broadcast"]
+__all__ = ["SKIP", "allgather", "allreduce", "alltoall", "broadcast", "reducescatter"]
 
-_RED_OP_TYPE = type(dist.ReduceOp.SUM)
-#: ReduceOps every backend does natively on REDUCE_NATIVE dtypes: sent as they are.
-_PLAIN_OPS = frozenset({dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX})
+#: ReduceOps every backend does natively on REDUCE_NATIVE dtypes: sent as they are. Compared by
+#: identity (torch hands out these objects; an equal copy takes the general path): a pybind
+#: enum's hash costs about 0.25 us, a tenth of the whole check.
+_SUM, _MIN, _MAX = dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX
 
 
 class _Skip(enum.Enum):
@@ -60,7 +66,7 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
     """
     pg = group if group is not None else dist.GroupMember.WORLD
     last = _agree.last
-    if last is None or last[0]() is not pg or _checked._active or _probed._any:
+    if last is None or last[0]() is not pg or _checked._general or _probed._any:
         return pg, None
     for tensor in tensors:
         if (
@@ -78,6 +84,43 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
 _NO_TIMEOUT = timedelta(0)
 
 
+#: ``AllreduceOptions`` by ``id()`` of its ReduceOp (one of _SUM, _MIN, _MAX: never freed).
+_reduce_opts: dict[int, Any] = {}
+
+
+def _reduce_options(op: Any) -> Any:
+    """Make the one ``AllreduceOptions`` for ``op``; it is never changed after.
+
+    Building the pybind object cost about 4 us per tiny call right after a wait (cold caches);
+    the backend copies what it needs from it at the call, so sharing it is safe.
+    """
+    opts: Any = dist.AllreduceOptions()
+    opts.reduceOp = op  # a RedOpType, as torch's all_reduce sets it
+    _reduce_opts[id(op)] = opts
+    return opts
+
+
+def _floor(collective: str, world: int) -> float:
+    """Return the shared-memory path's smallest tensor for ``collective`` (the cache first)."""
+    floor = _shm_path.floors.get((collective, world))
+    return _shm_path.floor_bytes(collective, world) if floor is None else floor
+
+
+@functools.cache
+def _broadcast_options(root: int) -> Any:
+    """One ``BroadcastOptions`` per root rank, made once (see :func:`_reduce_options`)."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = root
+    opts.rootTensor = 0
+    return opts
+
+
+@functools.cache
+def _all_to_all_options() -> Any:
+    """Return the one ``AllToAllOptions`` (defaults), made once (see :func:`_reduce_options`)."""
+    return dist.AllToAllOptions()
+
+
 def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
     """Handle a failed call or a sync wait that ran out of its slice (``_agree.POLL``)."""
     if work is None or not _agree.listening:
@@ -88,44 +131,91 @@ def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
         raise_typed(failed, op, group)
 
 
+def _settle(
+    work: Any,
+    op: str,
+    group: Any,
+    result: list[torch.Tensor],
+    async_op: bool,
+    watcher: Any,
+    raw: Any,
+    finish: Finish | None = None,
+) -> CompatWork | None:
+    """Wait for a synchronous call, or wrap an async one in a :class:`CompatWork`.
+
+    Without a watchdog the wait runs in ``_agree.POLL`` slices while the mismatch check listens
+    (``_recover`` answers peers after the first). With one (``raw`` is its record of the call),
+    a wait that outlasts the first slice goes on as the watchdog's bounded wait, which answers
+    peers itself, so any error it lets out is final. ``finish`` runs when the op completes.
+    """
+    if not async_op:
+        try:
+            if watcher is None:
+                work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            else:
+                try:
+                    work.wait(watcher.first_wait)
+                except RuntimeError:
+                    watcher.wait_late(work, raw, op, group)
+        except RuntimeError as exc:
+            _recover(exc, op, None if watcher is not None else work, group)
+        if finish is not None:
+            finish()
+        return None
+    handle = CompatWork.from_work(work, group, result, finish, op=op)
+    if watcher is not None:
+        watcher.track_async(handle, raw)
+    return handle
+
+
 def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outcome:
     """``pg.allreduce`` as ``dist.all_reduce`` calls it, for a plain SUM, MIN or MAX.
 
     Written out in one function: each Python call made here costs about 1 us of a tiny
     collective's end-to-end time on the measured machine.
     """
+    if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
+        return SKIP  # a subclass; checked mode, a region or a declared hang; probe results
+    # the op by identity (a pybind enum's hash costs more than the rest of this line)
+    name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
     pg = group if group is not None else dist.GroupMember.WORLD
     last = _agree.last
+    dtype = tensor.dtype
     if (
-        last is None
+        name is None
+        or last is None
         or pg is not last[0]()
-        or _checked._active  # checked mode, a diagnostics hook or a watchdog
-        or _probed._any  # probe results could change the plan
-        or type(op) is not _RED_OP_TYPE
-        or op not in _PLAIN_OPS
-        or tensor.dtype not in REDUCE_NATIVE
-        or type(tensor) is not torch.Tensor
+        or dtype not in REDUCE_NATIVE
         or not tensor.is_cpu
         or not tensor.is_contiguous()
         or has_torch_function((tensor,))
-        or tensor.nbytes >= _shm_path.floor_bytes("all_reduce", last[1].world)  # shared memory?
     ):
         return SKIP
     state = last[1]
+    floor = _shm_path.floors.get(("all_reduce", state.world))  # inline: no call when known
+    if tensor.nbytes >= (
+        _shm_path.floor_bytes("all_reduce", state.world) if floor is None else floor
+    ):
+        return SKIP  # shared memory takes it
+    shape = tensor.shape
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:  # first: the record is what a report shows while the check waits
+        raw = watcher.note("all_reduce", shape, dtype, group, name, None)
     if state.store is not None:
-        _agree.record(state, ("all_reduce", tensor.dtype, tensor.shape, op, None), group)
-    opts: Any = dist.AllreduceOptions()
-    opts.reduceOp = op  # a RedOpType, as torch's all_reduce sets it
-    work: Any = None
+        _agree.record(state, ("all_reduce", dtype, shape, name, None), group)
     try:
+        opts = _reduce_opts.get(id(op)) or _reduce_options(op)
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
-        if not async_op:
-            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
-            return None
     except RuntimeError as exc:
-        _recover(exc, "all_reduce", work, group)
+        raise_typed(exc, "all_reduce", group)
+    if not async_op and watcher is None:  # written out: the most common call of all
+        try:
+            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+        except RuntimeError as exc:
+            _recover(exc, "all_reduce", work, group)
         return None
-    return CompatWork.from_work(work, group, [tensor], None, op="all_reduce")
+    return _settle(work, "all_reduce", group, [tensor], async_op, watcher, raw)
 
 
 def broadcast(
@@ -136,23 +226,20 @@ def broadcast(
     root = group_src if group_src is not None else src if group is None else None
     if state is None or root is None or not 0 <= root < state.world:
         return SKIP
-    if tensor.nbytes >= _shm_path.floor_bytes("broadcast", state.world):
+    if tensor.nbytes >= _floor("broadcast", state.world):
         return SKIP  # shared memory may take it
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:
+        origin = src if group_src is None else group_src  # what the general path records
+        raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
     if state.store is not None:
         _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
-    opts = dist.BroadcastOptions()
-    opts.rootRank = root
-    opts.rootTensor = 0
-    work: Any = None
     try:
-        work = pg.broadcast([tensor], opts)
-        if not async_op:
-            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
-            return None
+        work = pg.broadcast([tensor], _broadcast_options(root))
     except RuntimeError as exc:
-        _recover(exc, "broadcast", work, group)
-        return None
-    return CompatWork.from_work(work, group, [tensor], None, op="broadcast")
+        raise_typed(exc, "broadcast", group)
+    return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
 
 
 @functools.cache
@@ -168,20 +255,19 @@ def alltoall(
     pg, state = _ready(group, input, output)
     if state is None or not even or input.dim() == 0 or input.dtype != output.dtype:
         return SKIP
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:
+        raw = watcher.note("all_to_all_single", input.shape, input.dtype, group, None, None)
     if state.store is not None:
         sig = ("all_to_all_single", input.dtype, input.shape[1:], None, None)
         _agree.record(state, sig, group)
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
-    work: Any = None
     try:
-        work = exchange(output, input, [], [], dist.AllToAllOptions())
-        if not async_op:
-            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
-            return None
+        work = exchange(output, input, [], [], _all_to_all_options())
     except RuntimeError as exc:
-        _recover(exc, "all_to_all_single", work, group)
-        return None
-    return CompatWork.from_work(work, group, [output], None, op="all_to_all_single")
+        raise_typed(exc, "all_to_all_single", group)
+    return _settle(work, "all_to_all_single", group, [output], async_op, watcher, raw)
 
 
 def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool) -> Outcome:
@@ -197,22 +283,71 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         or output.dim() != 1
         or input.dtype != output.dtype
         or output.numel() != state.world * input.numel()  # the general path says what is wrong
-        or output.nbytes >= _shm_path.floor_bytes("all_gather_into_tensor", state.world)
+        or output.nbytes >= _floor("all_gather_into_tensor", state.world)
     ):
         return SKIP
     gather = getattr(pg, "all_gather_single", None)
     if gather is None:
         return SKIP
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:
+        raw = watcher.note("all_gather_into_tensor", input.shape, input.dtype, group, None, None)
     if state.store is not None:
         sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
         _agree.record(state, sig, group)
-    work: Any = None
     try:
         work = gather(output, input)  # default options: asyncOp True, as everywhere here
-        if not async_op:
-            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
-            return None
     except RuntimeError as exc:
-        _recover(exc, "all_gather_into_tensor", work, group)
-        return None
-    return CompatWork.from_work(work, group, [output], None, op="all_gather_into_tensor")
+        raise_typed(exc, "all_gather_into_tensor", group)
+    return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
+
+
+def reducescatter(
+    output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool
+) -> Outcome:
+    """Reduce-scatter with SUM, MIN or MAX as the general path does, without its staging.
+
+    ``all_to_all_single`` of the flat input, then the same local reduction over the rows
+    (``_reduce_ops.local_reduce``: bit-identical results), for contiguous tensors below the
+    shared-memory path's floor. gloo's own reduce_scatter took longer than its all-to-all
+    here (benchmarks/README.md), and has no future.
+    """
+    if type(input) is not torch.Tensor or type(output) is not torch.Tensor or _checked._general:
+        return SKIP
+    name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
+    pg, state = _ready(group, input, output)
+    if (
+        name is None
+        or state is None
+        or input.dtype not in REDUCE_NATIVE
+        or input.dtype != output.dtype
+        or input.numel() != state.world * output.numel()  # the general path says what is wrong
+        or input.nbytes >= _floor("reduce_scatter_tensor", state.world)
+    ):
+        return SKIP
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:
+        raw = watcher.note("reduce_scatter_tensor", input.shape, input.dtype, group, name, None)
+    if state.store is not None:
+        sig = ("reduce_scatter_tensor", input.dtype, input.shape, name, None)
+        _agree.record(state, sig, group)
+    flat = input if input.dim() == 1 else input.view(-1)
+    rows = input.new_empty((state.world, output.numel()))  # row r: rank r's chunk for this rank
+    out_flat = output if output.dim() == 1 else output.view(-1)  # out= must not resize it
+
+    def combine() -> None:  # the reduction written into the output: no temporary, no copy
+        if name == "SUM":
+            torch.sum(rows, 0, out=out_flat)
+        elif name == "MAX":
+            torch.amax(rows, 0, out=out_flat)
+        else:
+            torch.amin(rows, 0, out=out_flat)
+
+    exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    try:
+        work = exchange(rows, flat, [], [], _all_to_all_options())  # even splits: one row each
+    except RuntimeError as exc:
+        raise_typed(exc, "reduce_scatter_tensor", group)
+    return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw, combine)

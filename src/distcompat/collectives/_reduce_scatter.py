@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives import _direct
 from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size
@@ -148,6 +149,9 @@ def reduce_scatter_tensor(
         >>> out
         tensor([1., 2.])
     """
+    done = _direct.reducescatter(output, input, op, group, async_op)  # the common case?
+    if done is not _direct.SKIP:
+        return done
     world_size = group_size(group)
     check_sizes(output, input.numel(), world_size, "input")
     plan = plan_call(op, input, group, world_size, "reduce_scatter_tensor")

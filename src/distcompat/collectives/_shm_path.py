@@ -109,18 +109,27 @@ def reset() -> None:
     """Forget the setting and every group's decision (tests; a group set up keeps its engine)."""
     global _choice
     _choice = None
+    floors.clear()
     for found in list(_groups.values()):
         if isinstance(found, Engine):
             found.close()
     _groups.clear()
 
 
+#: :func:`floor_bytes`' answers by (collective, world size), kept until :func:`reset`: the fast
+#: paths (``_direct``) read this dict before they call it (one call less per tiny collective).
+floors: dict[tuple[str, int], float] = {}
+
+
 def floor_bytes(collective: str, world: int) -> float:
     """Return the smallest tensor (bytes) of ``collective`` the path takes now (inf: none)."""
     mode = choice().mode
     if mode == "off":
-        return math.inf
-    return 0 if mode == "on" else MIN_BYTES[collective][0 if world <= 2 else 1]
+        floor = math.inf
+    else:
+        floor = 0 if mode == "on" else MIN_BYTES[collective][0 if world <= 2 else 1]
+    floors[collective, world] = floor
+    return floor
 
 
 def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | None:

@@ -55,4 +55,6 @@ def refresh() -> None:
     with state.lock:
         watch = state.watchdogs[-1] if state.watchdogs else None
         active = watch is not None or state.region_threads > 0
-        _checked.set_hooks(pre_call if active else None, watch)
+        # the fast paths step aside while a region is open or a declared hang poisons the group
+        general = state.region_threads > 0 or (watch is not None and watch.poisoned)
+        _checked.set_hooks(pre_call if active else None, watch, general=general)

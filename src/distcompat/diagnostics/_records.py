@@ -1,11 +1,19 @@
 """The in-memory collective history a watchdog keeps: a ring buffer and per-group counters.
 
-Cheap by design (a few microseconds per collective, no I/O): each distcompat collective appends
-one :class:`CollectiveRecord` and bumps its group's sequence number; a record is *open* from the
-moment the op is issued until it completes. Nothing here talks to other ranks::
+Cheap by design (under a microsecond per collective warm, no I/O): each distcompat collective
+appends one raw entry (a tuple, made into a :class:`CollectiveRecord` only when read) and bumps
+its group's sequence number; a record is *open* while the op is known to be in flight. Nothing
+here talks to other ranks::
 
     recorder = Recorder(capacity=64)
     recorder.begin("all_reduce", tensor, None, reduce_op=None, root=None)
+
+The per-call cost matters more than its few hundred nanoseconds suggest: a tiny collective right
+after a wait runs this code with cold caches, and on the measured 2-core machine each microsecond
+of warm Python showed as several of end-to-end latency (benchmarks/README.md). So a call records
+only what a report needs later: where the user called from is kept as (file, line) and formatted
+when read, one monotonic clock reading serves as the start time (the wall time is derived), and
+``completed`` is derived from ``started`` and the open ops instead of being counted per call.
 """
 
 from __future__ import annotations
@@ -96,14 +104,28 @@ class CollectiveRecord:
         )
 
 
-def call_site(depth: int = 1) -> str:
-    """Return ``file:line`` of the innermost frame outside distcompat, torch and contextlib."""
-    frame: FrameType | None = sys._getframe(depth)
+def _site(depth: int) -> tuple[str, int]:
+    """Return (file, line) of the innermost frame outside distcompat, torch and contextlib."""
+    frame: FrameType | None = sys._getframe(depth + 1)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
         frame = frame.f_back
     if frame is None:
-        return "?"
-    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        return ("?", 0)
+    return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def _site_text(site: tuple[str, int]) -> str:
+    return "?" if site[1] == 0 else f"{site[0]}:{site[1]}"
+
+
+def call_site(depth: int = 1) -> str:
+    """Return ``file:line`` of the innermost frame outside distcompat, torch and contextlib.
+
+    Example:
+        >>> call_site().startswith("<doctest")
+        True
+    """
+    return _site_text(_site(depth))
 
 
 _labels: dict[Any, str] = {}
@@ -129,8 +151,13 @@ def _reduce_name(reduce_op: Any) -> str | None:
 
 
 #: What begin() keeps per call, converted to a CollectiveRecord only when read (cheap hot path):
-#: (seq, op, group label, shape, dtype, reduce_op, root, site, wall time).
-Raw = tuple[int, str, str, Any, Any, Any, "int | None", str, float]
+#: (seq, op, group label, shape, dtype, reduce_op, root, (file, line), monotonic start).
+Raw = tuple[int, str, str, Any, Any, Any, "int | None", tuple[str, int], float]
+
+#: A :meth:`Recorder.note` record's site until :meth:`Recorder.late` finds it.
+_NO_SITE = ("?", 0)
+#: Wall-clock time minus monotonic time: turns a raw entry's monotonic start into wall time.
+_WALL_OFFSET = time.time() - time.monotonic()
 
 
 def to_record(raw: Raw) -> CollectiveRecord:
@@ -144,20 +171,42 @@ def to_record(raw: Raw) -> CollectiveRecord:
         dtype=None if dtype is None else str(dtype).removeprefix("torch."),
         reduce_op=_reduce_name(reduce_op),
         root=root,
-        site=site,
-        started=started,
+        site=_site_text(site),
+        started=started + _WALL_OFFSET,
     )
 
 
 class Recorder:
-    """Ring buffer of the last ``capacity`` collectives, per-group counters and the open ops."""
+    """Ring buffer of the last ``capacity`` collectives, per-group counters and the open ops.
+
+    ``started`` counts calls per group label; an op is in ``open`` (key -> (raw, monotonic
+    start)) while it is known to be in flight: an async op from issue to completion, a
+    synchronous one once its wait has outlasted the first slice (the common short wait is never
+    entered: see :meth:`note`).
+    """
 
     def __init__(self, capacity: int = 64) -> None:
         self.history: deque[Raw] = deque(maxlen=capacity)
         self.started: dict[str, int] = {}
-        self.completed: dict[str, int] = {}
         self.open: dict[int, tuple[Raw, float]] = {}  # key -> (raw record, monotonic start)
         self._local = threading.local()
+
+    def note(
+        self, op: str, shape: Any, dtype: Any, group: Any, reduce_op: Any, root: int | None
+    ) -> Raw:
+        """Record a collective about to be issued and return its raw entry: the fast paths' record.
+
+        Leaner than :meth:`begin` (``collectives._direct`` calls it for every common call while
+        a watchdog is active): no call site (found from the live frames only if the op is
+        still in flight after its first wait, :meth:`late`; history shows ``?``), and no
+        pending record (:meth:`current` finds it).
+        """
+        label = _labels.get(group) or group_label(group)
+        seq = self.started.get(label, 0)
+        self.started[label] = seq + 1
+        raw: Raw = (seq, op, label, shape, dtype, reduce_op, root, _NO_SITE, time.monotonic())
+        self.history.append(raw)
+        return raw
 
     def begin(
         self, op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
@@ -166,11 +215,8 @@ class Recorder:
         label = _labels.get(group) or group_label(group)
         seq = self.started.get(label, 0)
         self.started[label] = seq + 1
-        if tensor is None:
-            raw: Raw = (seq, op, label, None, None, reduce_op, root, call_site(), time.time())
-        else:
-            raw = (seq, op, label, tensor.shape, tensor.dtype, reduce_op, root, call_site(),
-                   time.time())  # fmt: skip
+        shape, dtype = (None, None) if tensor is None else (tensor.shape, tensor.dtype)
+        raw: Raw = (seq, op, label, shape, dtype, reduce_op, root, _site(1), time.monotonic())
         self.history.append(raw)
         self._local.pending = raw
 
@@ -183,21 +229,45 @@ class Recorder:
         self.open[key] = (raw, time.monotonic())  # one dict store: atomic under the GIL
         return raw
 
+    def late(self, key: int, raw: Raw, *, started: float | None = None) -> Raw:
+        """Mark a :meth:`note` record in flight under ``key`` and return it with its call site.
+
+        Called while the op's frames are live (its first wait ran out, or it is async), so the
+        user's frame is found then; the open entry starts at ``started`` (default: the call's).
+        """
+        if raw[7] is _NO_SITE:
+            raw = (*raw[:7], _site(1), raw[8])
+        self.open[key] = (raw, raw[8] if started is None else started)
+        return raw
+
+    def current(self) -> Raw | None:
+        """Return the record of the call this thread is making: pending, else the newest.
+
+        :meth:`note` leaves no pending record; a pending one that is not the newest entry is
+        left over from a call that failed before it was issued. (With collectives made from
+        several threads at once, the newest entry may be another thread's.)
+        """
+        pending: Raw | None = getattr(self._local, "pending", None)
+        newest = self.history[-1] if self.history else None
+        return pending if pending is not None and pending is newest else newest
+
     def restore(self, key: int, raw: Raw) -> None:
         """Undo :meth:`issued`: ``raw`` is this thread's pending record again, not in flight."""
         self.open.pop(key, None)
         self._local.pending = raw
 
     def finished(self, key: int) -> None:
-        """Mark the op issued under ``key`` as completed."""
-        entry = self.open.pop(key, None)
-        if entry is not None:
-            label = entry[0][2]
-            self.completed[label] = self.completed.get(label, 0) + 1
-
-    def abandon(self, key: int) -> None:
-        """Drop the failed op issued under ``key``: no longer in flight, and not completed."""
+        """Mark the op issued under ``key`` as completed (or failed): no longer in flight."""
         self.open.pop(key, None)
+
+    abandon = finished  # a failed op: no longer in flight either
+
+    def completed(self) -> dict[str, int]:
+        """Return calls per group label that returned or failed: started, less those in flight."""
+        done = dict(self.started)
+        for raw, _ in list(self.open.values()):  # a C-level copy: safe against updates
+            done[raw[2]] = done.get(raw[2], 0) - 1
+        return done
 
     def oldest_open(self) -> tuple[CollectiveRecord, float] | None:
         """Return the open op issued first, with its monotonic start time, or None."""
@@ -212,7 +282,7 @@ class Recorder:
         open_records = [to_record(raw).to_json() for raw, _ in list(self.open.values())]
         return {
             "started": dict(self.started),
-            "completed": dict(self.completed),
+            "completed": self.completed(),
             "in_flight": sorted(open_records, key=lambda r: r["started"]),
             "history": [to_record(raw).to_json() for raw in list(self.history)],
         }

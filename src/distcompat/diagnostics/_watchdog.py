@@ -44,7 +44,7 @@ from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._errors import HangError
 from distcompat.diagnostics._exit import declared_failure, note_failure
 from distcompat.diagnostics._incidents import IncidentDesk
-from distcompat.diagnostics._records import CollectiveRecord, Recorder, to_record
+from distcompat.diagnostics._records import CollectiveRecord, Raw, Recorder, to_record
 from distcompat.diagnostics._report import HangReport
 
 __all__ = ["Watchdog", "watchdog"]
@@ -70,6 +70,19 @@ class Watchdog:
         self._recorder = Recorder(config.history)
         self._desk = IncidentDesk(config, self._recorder)  # the thread, the reports, the dumps
         self._active = False
+        #: A fast-path synchronous call's first wait: one answering slice, at most the timeout.
+        self.first_wait = timedelta(seconds=min(_agree.POLL_S, config.timeout))
+        #: The fast paths' record (``collectives._direct``): ``Recorder.note`` itself, no layer
+        #: between (a call costs microseconds right after a wait). A synchronous call then waits
+        #: :attr:`first_wait` itself and calls :meth:`wait_late` only if that did not end it.
+        #: After a declared hang (``poisoned``) the fast paths step aside (``_hooks.refresh``)
+        #: and :meth:`before` refuses the call.
+        self.note = self._recorder.note
+
+    @property
+    def poisoned(self) -> bool:
+        """A raising watchdog declared a hang: every later collective raises HangError."""
+        return self._desk.poisoned
 
     @property
     def last_report(self) -> HangReport | None:
@@ -96,6 +109,7 @@ class Watchdog:
             outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
             if outer is not None:  # nested: share the sequence numbers, pause the outer thread
                 self._recorder = self._desk.recorder = outer._recorder
+                self.note = self._recorder.note
                 outer._desk.halt()
             _hooks.state.watchdogs.append(self)
             _hooks.refresh()
@@ -131,10 +145,14 @@ class Watchdog:
         self, op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
     ) -> None:
         """Pre-call: refuse to run after a declared hang, else record the call."""
-        if self._desk.poisoned and self.last_report is not None:
+        if self._desk.poisoned:
+            self._refuse(op)
+        self._recorder.begin(op, tensor, group, reduce_op, root)
+
+    def _refuse(self, op: str) -> None:
+        if self.last_report is not None:
             note_failure(f"{op}: HangError")
             raise self._hang_error(op, "a hang was already declared; the group cannot be trusted")
-        self._recorder.begin(op, tensor, group, reduce_op, root)
 
     def wait_sync(self, work: Any, op: str, group: Any) -> None:
         """Wait for a synchronous collective's ``work`` with the watchdog timeout.
@@ -149,16 +167,50 @@ class Watchdog:
             if work is not None:
                 work.wait()
             return
-        started = time.monotonic()
+        self._bounded(work, key, raw, time.monotonic(), op, group, answer_first=False)
+
+    def wait_late(self, work: Any, raw: Raw, op: str, group: Any) -> None:
+        """Go on waiting for a fast-path call whose first wait (:attr:`first_wait`) raised.
+
+        Either the op failed (it is complete: waiting again raises its error at once) or the
+        slice ran out: the op is then marked in flight from the call's start and the bounded
+        wait goes on, answering peers first.
+        """
+        key = id(work)
+        if work.is_completed():
+            try:
+                work.wait()
+            except RuntimeError as exc:
+                self._peer_failed(exc, op, group)
+                raise
+            return
+        raw = self._recorder.late(key, raw)
+        self._bounded(work, key, raw, raw[8], op, group, answer_first=True)
+
+    def _bounded(
+        self, work: Any, key: int, raw: Raw, started: float, op: str, group: Any, answer_first: bool
+    ) -> None:
+        """Wait for ``work`` until ``started`` + timeout, in slices that answer peers."""
         deadline = started + self.config.timeout
         answering = _agree.answering()
+        slicing = answer_first and answering
         while True:
-            left = deadline - time.monotonic()
+            if slicing:
+                try:
+                    _agree.answer(group)  # a peer may be asking what this rank called
+                except CollectiveMismatchError:
+                    self._recorder.abandon(key)
+                    raise
+                except _agree.StoreUnreachable:
+                    # A network partition: stop answering and wait for the op itself, whose own
+                    # timeout gives the typed error; a short outage passes unseen.
+                    answering = False
+            begun = time.monotonic()
+            left = deadline - begun
             slicing = answering and left > _agree.POLL_S  # else: the last piece
             piece = _agree.POLL_S if slicing else max(left, 0.001)
-            begun = time.monotonic()
-            try:
-                work.wait(timeout=timedelta(seconds=piece))
+            try:  # a slice is _agree.POLL itself: no timedelta made on the common path
+                work.wait(_agree.POLL if slicing else timedelta(seconds=piece))
                 break
             except RuntimeError as exc:
                 if time.monotonic() - begun < piece * 0.99:
@@ -169,35 +221,27 @@ class Watchdog:
                 self._hung(to_record(raw), started, op)  # raises HangError unless "report"
                 self._wait_on(work, op, group)  # action="report": keep waiting, as torch would
                 break
-            try:
-                _agree.answer(group)  # a peer may be asking what this rank called
-            except CollectiveMismatchError:
-                self._recorder.abandon(key)
-                raise
-            except _agree.StoreUnreachable:
-                # A network partition: stop answering and wait for the op itself, whose own
-                # timeout gives the typed error; a short outage passes unseen.
-                answering = False
         self._recorder.finished(key)
 
     def agreement_wait(self, op: str, started: float) -> None:
         """Treat the default mismatch check's wait for peers' posts as a hang once it is too long.
 
         Called by ``collectives._agree`` every ``POLL_S`` of that wait (``started`` is its
-        monotonic start). The call is shown in flight while the report is made, then pending
-        again, since it has not been issued yet; one report per wait.
+        monotonic start). The call is shown in flight while the report is made, and not after,
+        since it has not been issued yet; one report per wait.
         """
         if time.monotonic() - started < self.config.timeout or self._agreement_started == started:
             return
         self._agreement_started = started
         key = id(self)  # no work exists yet: a key no real op uses while this wait lasts
-        raw = self._recorder.issued(key)
+        raw = self._recorder.current()
         if raw is None:
             return
+        raw = self._recorder.late(key, raw, started=started)
         try:
             self._hung(to_record(raw), started, op)  # raises HangError unless only reporting
         finally:
-            self._recorder.restore(key, raw)
+            self._recorder.finished(key)
 
     @staticmethod
     def _wait_on(work: Any, op: str, group: Any) -> None:
@@ -211,11 +255,14 @@ class Watchdog:
             note_failure(f"{op}: the group timeout, after a reported hang")
             raise
 
-    def track_async(self, handle: Any) -> None:
-        """Follow an async collective's handle until it completes."""
+    def track_async(self, handle: Any, raw: Raw | None = None) -> None:
+        """Follow an async collective's handle until it completes (``raw``: its :meth:`note`)."""
         key = id(handle)
-        if self._recorder.issued(key) is not None:
-            handle.get_future().add_done_callback(lambda _: self._recorder.finished(key))
+        if raw is not None:
+            self._recorder.late(key, raw, started=time.monotonic())
+        elif self._recorder.issued(key) is None:
+            return
+        handle.get_future().add_done_callback(lambda _: self._recorder.finished(key))
 
     def wait_event(self, done: threading.Event, handle: Any) -> None:
         """``CompatWork.wait()`` without a timeout: bounded by the watchdog timeout."""

@@ -1,0 +1,75 @@
+"""The watchdog's in-memory history (``diagnostics._records``): lean records, derived counts."""
+
+from __future__ import annotations
+
+import torch
+
+from distcompat.diagnostics._records import Raw, Recorder, to_record
+
+
+class _Group:
+    """A stand-in process group: the records only read its (rank-independent) name."""
+
+    group_name = "0"
+
+
+G = _Group()
+
+
+def _note_through_three_frames(recorder: Recorder, t: torch.Tensor) -> Raw:
+    """Stand in for ``Watchdog.note`` <- ``_direct`` <- the public function (note looks 4 up)."""
+
+    def public() -> Raw:
+        return direct()
+
+    def direct() -> Raw:
+        return watchdog_note()
+
+    def watchdog_note() -> Raw:
+        return recorder.note("all_reduce", t.shape, t.dtype, G, "SUM", None)
+
+    return public()
+
+
+def test_note_keeps_no_site_until_late_finds_it_from_live_frames() -> None:
+    recorder = Recorder(capacity=4)
+    t = torch.ones(3)
+    raw = _note_through_three_frames(recorder, t)
+    assert to_record(raw).site == "?"
+    assert recorder.started == {"0": 1}
+
+    def still_in_the_call() -> Raw:
+        return recorder.late(7, raw)  # the frames of this test are live: the site is here
+
+    late = still_in_the_call()
+    record = to_record(late)
+    assert record.site.startswith(__file__ + ":")
+    assert record.describe().startswith("#0 all_reduce(float32[3], op=SUM) on group 0 at ")
+    assert recorder.open[7][0] is late
+
+
+def test_completed_is_started_less_in_flight() -> None:
+    recorder = Recorder()
+    t = torch.ones(1)
+    for _ in range(3):
+        recorder.begin("all_reduce", t, G, None, None)
+    raw = recorder.issued(1)
+    assert raw is not None
+    assert recorder.completed() == {"0": 2}  # one of three is still in flight
+    recorder.finished(1)
+    assert recorder.completed() == {"0": 3}
+    assert recorder.snapshot()["completed"] == {"0": 3}
+
+
+def test_current_is_the_pending_record_else_the_newest() -> None:
+    recorder = Recorder()
+    t = torch.ones(1)
+    assert recorder.current() is None
+    recorder.begin("broadcast", t, G, None, 0)
+    pending = recorder.current()
+    assert pending is not None
+    assert pending[1] == "broadcast"
+    # a fast-path record leaves no pending one: the left-over pending is not the newest, so
+    # current() is the note (what the agreement wait reports)
+    noted = recorder.note("all_reduce", t.shape, t.dtype, G, "SUM", None)
+    assert recorder.current() is noted
