@@ -131,6 +131,21 @@ def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
         raise_typed(failed, op, group)
 
 
+def _late(exc: RuntimeError, work: Any, op: str, group: Any, watcher: Any, raw: Any) -> None:
+    """Go on after a synchronous call's first wait raised ``exc``: it failed, or ran out.
+
+    With a watchdog, its bounded wait takes over (it answers peers and reports a hang itself,
+    so an error it lets out is final); without one, ``_recover``.
+    """
+    if watcher is None:
+        _recover(exc, op, work, group)
+        return
+    try:
+        watcher.wait_late(work, raw, op, group)
+    except RuntimeError as failed:
+        raise_typed(failed, op, group)
+
+
 def _settle(
     work: Any,
     op: str,
@@ -150,15 +165,11 @@ def _settle(
     """
     if not async_op:
         try:
-            if watcher is None:
-                work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
-            else:
-                try:
-                    work.wait(watcher.first_wait)
-                except RuntimeError:
-                    watcher.wait_late(work, raw, op, group)
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
         except RuntimeError as exc:
-            _recover(exc, op, None if watcher is not None else work, group)
+            _late(exc, work, op, group, watcher, raw)
         if finish is not None:
             finish()
         return None
@@ -209,11 +220,13 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
     except RuntimeError as exc:
         raise_typed(exc, "all_reduce", group)
-    if not async_op and watcher is None:  # written out: the most common call of all
+    if not async_op:  # written out: the most common call of all
         try:
-            work.wait(_agree.POLL if _agree.listening else _NO_TIMEOUT)
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
         except RuntimeError as exc:
-            _recover(exc, "all_reduce", work, group)
+            _late(exc, work, "all_reduce", group, watcher, raw)
         return None
     return _settle(work, "all_reduce", group, [tensor], async_op, watcher, raw)
 
@@ -239,6 +252,14 @@ def broadcast(
         work = pg.broadcast([tensor], _broadcast_options(root))
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
+    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        try:
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
+        except RuntimeError as exc:
+            _late(exc, work, "broadcast", group, watcher, raw)
+        return None
     return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
 
 
@@ -267,6 +288,14 @@ def alltoall(
         work = exchange(output, input, [], [], _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
+    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        try:
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
+        except RuntimeError as exc:
+            _late(exc, work, "all_to_all_single", group, watcher, raw)
+        return None
     return _settle(work, "all_to_all_single", group, [output], async_op, watcher, raw)
 
 
