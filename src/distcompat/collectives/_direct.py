@@ -115,10 +115,15 @@ def _broadcast_options(root: int) -> Any:
     return opts
 
 
-@functools.cache
+#: The one ``AllToAllOptions`` (defaults), made on first use (see :func:`_reduce_options`).
+_a2a_opts: Any = None
+
+
 def _all_to_all_options() -> Any:
-    """Return the one ``AllToAllOptions`` (defaults), made once (see :func:`_reduce_options`)."""
-    return dist.AllToAllOptions()
+    """Make :data:`_a2a_opts`, the one ``AllToAllOptions``, and return it."""
+    global _a2a_opts
+    _a2a_opts = dist.AllToAllOptions()
+    return _a2a_opts
 
 
 def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
@@ -274,18 +279,19 @@ def alltoall(
 ) -> Outcome:
     """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it."""
     pg, state = _ready(group, input, output)
-    if state is None or not even or input.dim() == 0 or input.dtype != output.dtype:
+    dtype = input.dtype
+    if state is None or not even or input.dim() == 0 or dtype != output.dtype:
         return SKIP
+    shape = input.shape
     watcher = _checked.watch
     raw = None
     if watcher is not None:
-        raw = watcher.note("all_to_all_single", input.shape, input.dtype, group, None, None)
+        raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
     if state.store is not None:
-        sig = ("all_to_all_single", input.dtype, input.shape[1:], None, None)
-        _agree.record(state, sig, group)
+        _agree.record(state, ("all_to_all_single", dtype, shape[1:], None, None), group)
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
     try:
-        work = exchange(output, input, [], [], _all_to_all_options())
+        work = exchange(output, input, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
@@ -376,7 +382,9 @@ def reducescatter(
 
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
     try:
-        work = exchange(rows, flat, [], [], _all_to_all_options())  # even splits: one row each
+        work = exchange(
+            rows, flat, [], [], _a2a_opts or _all_to_all_options()
+        )  # even splits: one row each
     except RuntimeError as exc:
         raise_typed(exc, "reduce_scatter_tensor", group)
     return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw, combine)
