@@ -382,9 +382,8 @@ def reducescatter(
 
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
     try:
-        work = exchange(
-            rows, flat, [], [], _a2a_opts or _all_to_all_options()
-        )  # even splits: one row each
+        # even splits: one row of ``rows`` from each rank
+        work = exchange(rows, flat, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "reduce_scatter_tensor", group)
     return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw, combine)
