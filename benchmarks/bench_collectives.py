@@ -116,9 +116,11 @@ def measure(quick: bool) -> dict[str, Any]:
                     "algbw_GBps": algbw, "busbw_GBps": algbw * BUS[op](world),
                 }
             )  # fmt: skip
+    wrapper = _wrapper_cost()
     return {
         "rows": rows,
-        "wrapper_us": _wrapper_cost(),
+        "wrapper_us": wrapper["warm"],
+        "wrapper_cold_us": wrapper["cold"],
         "coalesced": _coalesced(quick),
         "overlap": _overlap(quick),
     }
@@ -141,8 +143,15 @@ class _DoneWork:
         return future
 
 
-def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
+def _wrapper_cost(
+    calls: int = 20000, rounds: int = 20, cold_calls: int = 2000
+) -> dict[str, dict[str, float]]:
     """distcompat's own per-call cost: the backend call is replaced by a no-op on both sides.
+
+    Returns ``{"warm": ..., "cold": ...}``, microseconds per op. Warm: calls back to back, as
+    below. Cold: one call right after a barrier, as in the end-to-end rows (the p50 difference
+    of ``cold_calls`` calls per side, interleaved): Python that runs after a wait runs with cold
+    caches, and there each microsecond of warm cost showed as several.
 
     The no-op replaces the ProcessGroup methods that torch's functions call (``allreduce``,
     ``broadcast``, ``all_to_all_single``, ``all_gather_single``; the older names too), so the
@@ -185,7 +194,8 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
             lambda: _SCATTER(t, inp),
         ),
     }
-    cost = {}
+    cost: dict[str, float] = {}
+    cold: dict[str, float] = {}
     shm_setting = os.environ.get("DISTCOMPAT_SHM")
     os.environ["DISTCOMPAT_SHM"] = "off"
     shm.reset()
@@ -205,6 +215,13 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
                     elapsed[fn] = time.perf_counter() - start
                 differences.append((elapsed[ours] - elapsed[raw]) / block * 1e6)
             cost[name] = _pct(differences, 0.5)
+            t_ours: list[float] = []
+            t_raw: list[float] = []
+            for index in range(cold_calls):  # one call after each barrier, the order alternating
+                first, second = ((ours, t_ours), (raw, t_raw))[:: -1 if index % 2 else 1]
+                first[1].append(_timed(first[0]))
+                second[1].append(_timed(second[0]))
+            cold[name] = (_pct(t_ours, 0.5) - _pct(t_raw, 0.5)) * 1e6
     finally:
         for name, fn in real.items():
             setattr(pg_type, name, fn)
@@ -213,7 +230,7 @@ def _wrapper_cost(calls: int = 20000, rounds: int = 20) -> dict[str, float]:
         else:
             os.environ["DISTCOMPAT_SHM"] = shm_setting
         shm.reset()
-    return cost
+    return {"warm": cost, "cold": cold}
 
 
 def summary(result: dict[str, Any]) -> list[str]:
@@ -224,6 +241,9 @@ def summary(result: dict[str, Any]) -> list[str]:
         if op == "reduce_scatter_tensor":  # see _wrapper_cost: the row reduction still runs
             verdict += "; includes the row reduction, which gloo does inside the no-op call"
         lines.append(f"  {op}: {us:+.1f} us ({verdict})")
+    lines.append("the same right after a barrier, p50 (cold caches, as in the 4 B rows below):")
+    for op, us in result["wrapper_cold_us"].items():
+        lines.append(f"  {op}: {us:+.1f} us")
     lines.append(f"tiny-call overhead over raw torch (4 B, p50), goal <= +{TINY_GOAL_US:g} us:")
     for r in result["rows"]:
         if r["bytes"] == SIZES[0]:

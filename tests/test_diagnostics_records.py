@@ -35,8 +35,11 @@ def test_note_keeps_no_site_until_late_finds_it_from_live_frames() -> None:
     recorder = Recorder(capacity=4)
     t = torch.ones(3)
     raw = _note_through_three_frames(recorder, t)
-    assert to_record(raw).site == "?"
+    assert raw[0] is None  # not numbered yet: the hot path only queues it
+    assert recorder.started == {}
+    recorder.drain()
     assert recorder.started == {"0": 1}
+    assert to_record(raw).site == "?"
 
     def still_in_the_call() -> Raw:
         return recorder.late(7, raw)  # the frames of this test are live: the site is here
@@ -73,3 +76,22 @@ def test_current_is_the_pending_record_else_the_newest() -> None:
     # current() is the note (what the agreement wait reports)
     noted = recorder.note("all_reduce", t.shape, t.dtype, G, "SUM", None)
     assert recorder.current() is noted
+
+
+def test_records_are_numbered_per_group_in_call_order() -> None:
+    class _Other:
+        group_name = "7"
+
+    recorder = Recorder(capacity=3)
+    t = torch.ones(1)
+    for group in (G, _Other(), G, G):
+        recorder.note("all_reduce", t.shape, t.dtype, group, "SUM", None)
+    recorder.begin("barrier", None, G, None, None)
+    snapshot = recorder.snapshot()
+    assert snapshot["started"] == {"0": 4, "7": 1}
+    # the ring keeps the newest three, each numbered within its group
+    assert [(r["group"], r["seq"], r["op"]) for r in snapshot["history"]] == [
+        ("0", 1, "all_reduce"),
+        ("0", 2, "all_reduce"),
+        ("0", 3, "barrier"),
+    ]

@@ -150,18 +150,21 @@ def _reduce_name(reduce_op: Any) -> str | None:
     return str(kind).rsplit(".", 1)[-1]
 
 
-#: What begin() keeps per call, converted to a CollectiveRecord only when read (cheap hot path):
-#: (seq, op, group label, shape, dtype, reduce_op, root, (file, line), monotonic start).
-Raw = tuple[int, str, str, Any, Any, Any, "int | None", tuple[str, int], float]
+#: What a call's record keeps, converted to a CollectiveRecord only when read (cheap hot path):
+#: [seq, op, group label, shape, dtype, reduce_op, root, (file, line), monotonic start]. Made
+#: with seq None and the group object in the label's place; :meth:`Recorder.drain` fills both.
+Raw = list[Any]
 
 #: A :meth:`Recorder.note` record's site until :meth:`Recorder.late` finds it.
 _NO_SITE = ("?", 0)
 #: Wall-clock time minus monotonic time: turns a raw entry's monotonic start into wall time.
 _WALL_OFFSET = time.time() - time.monotonic()
+#: :meth:`Recorder.note` drains its queue once it holds this many records.
+_DRAIN_AT = 256
 
 
 def to_record(raw: Raw) -> CollectiveRecord:
-    """Return the :class:`CollectiveRecord` for a raw history entry."""
+    """Return the :class:`CollectiveRecord` for a raw history entry (a drained one)."""
     seq, op, group, shape, dtype, reduce_op, root, site, started = raw
     return CollectiveRecord(
         seq=seq,
@@ -179,16 +182,20 @@ def to_record(raw: Raw) -> CollectiveRecord:
 class Recorder:
     """Ring buffer of the last ``capacity`` collectives, per-group counters and the open ops.
 
-    ``started`` counts calls per group label; an op is in ``open`` (key -> (raw, monotonic
-    start)) while it is known to be in flight: an async op from issue to completion, a
-    synchronous one once its wait has outlasted the first slice (the common short wait is never
-    entered: see :meth:`note`).
+    A call's record first goes to a queue, in call order; :meth:`drain` numbers the queued
+    records per group (``started`` counts calls per group label) and moves them to ``history``.
+    Everything that reads records drains first, so the hot path pays only for the append. An
+    op is in ``open`` (key -> (raw, monotonic start)) while it is known to be in flight: an
+    async op from issue to completion, a synchronous one once its wait has outlasted the first
+    slice (the common short wait is never entered: see :meth:`note`).
     """
 
     def __init__(self, capacity: int = 64) -> None:
         self.history: deque[Raw] = deque(maxlen=capacity)
         self.started: dict[str, int] = {}
         self.open: dict[int, tuple[Raw, float]] = {}  # key -> (raw record, monotonic start)
+        self._queue: list[Raw] = []  # appended by callers, emptied by drain() alone
+        self._drain_lock = threading.Lock()
         self._local = threading.local()
 
     def note(
@@ -197,28 +204,45 @@ class Recorder:
         """Record a collective about to be issued and return its raw entry: the fast paths' record.
 
         Leaner than :meth:`begin` (``collectives._direct`` calls it for every common call while
-        a watchdog is active): no call site (found from the live frames only if the op is
-        still in flight after its first wait, :meth:`late`; history shows ``?``), and no
-        pending record (:meth:`current` finds it).
+        a watchdog is active): one list appended to the queue, no call site (found from the
+        live frames only if the op is still in flight after its first wait, :meth:`late`;
+        history shows ``?``), and no pending record (:meth:`current` finds it).
         """
-        label = _labels.get(group) or group_label(group)
-        seq = self.started.get(label, 0)
-        self.started[label] = seq + 1
-        raw: Raw = (seq, op, label, shape, dtype, reduce_op, root, _NO_SITE, time.monotonic())
-        self.history.append(raw)
+        raw = [None, op, group, shape, dtype, reduce_op, root, _NO_SITE, time.monotonic()]
+        queue = self._queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            self.drain()
         return raw
 
     def begin(
         self, op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
     ) -> None:
         """Record a collective about to be issued; it becomes this thread's pending record."""
-        label = _labels.get(group) or group_label(group)
-        seq = self.started.get(label, 0)
-        self.started[label] = seq + 1
         shape, dtype = (None, None) if tensor is None else (tensor.shape, tensor.dtype)
-        raw: Raw = (seq, op, label, shape, dtype, reduce_op, root, _site(1), time.monotonic())
-        self.history.append(raw)
+        raw = [None, op, group, shape, dtype, reduce_op, root, _site(1), time.monotonic()]
+        self._queue.append(raw)
         self._local.pending = raw
+
+    def drain(self) -> None:
+        """Give the queued records their numbers per group, in call order; move them to history.
+
+        Safe from any thread: callers only append to the queue, and this removes what it read.
+        """
+        with self._drain_lock:
+            queue = self._queue
+            count = len(queue)
+            if not count:
+                return
+            taken = queue[:count]
+            del queue[:count]  # appends made meanwhile sit after these: they stay
+            for raw in taken:
+                group = raw[2]
+                label = _labels.get(group) or group_label(group)
+                seq = self.started.get(label, 0)
+                self.started[label] = seq + 1
+                raw[0], raw[2] = seq, label
+                self.history.append(raw)
 
     def issued(self, key: int) -> Raw | None:
         """Mark this thread's pending record as in flight under ``key``; None if there is none."""
@@ -226,17 +250,19 @@ class Recorder:
         if raw is None:
             return None
         self._local.pending = None
+        self.drain()  # the record is read from the watchdog's thread: numbered first
         self.open[key] = (raw, time.monotonic())  # one dict store: atomic under the GIL
         return raw
 
     def late(self, key: int, raw: Raw, *, started: float | None = None) -> Raw:
-        """Mark a :meth:`note` record in flight under ``key`` and return it with its call site.
+        """Mark a :meth:`note` record in flight under ``key``, with its call site, and return it.
 
         Called while the op's frames are live (its first wait ran out, or it is async), so the
         user's frame is found then; the open entry starts at ``started`` (default: the call's).
         """
+        self.drain()
         if raw[7] is _NO_SITE:
-            raw = (*raw[:7], _site(1), raw[8])
+            raw[7] = _site(1)
         self.open[key] = (raw, raw[8] if started is None else started)
         return raw
 
@@ -247,14 +273,10 @@ class Recorder:
         left over from a call that failed before it was issued. (With collectives made from
         several threads at once, the newest entry may be another thread's.)
         """
+        self.drain()
         pending: Raw | None = getattr(self._local, "pending", None)
         newest = self.history[-1] if self.history else None
         return pending if pending is not None and pending is newest else newest
-
-    def restore(self, key: int, raw: Raw) -> None:
-        """Undo :meth:`issued`: ``raw`` is this thread's pending record again, not in flight."""
-        self.open.pop(key, None)
-        self._local.pending = raw
 
     def finished(self, key: int) -> None:
         """Mark the op issued under ``key`` as completed (or failed): no longer in flight."""
@@ -264,6 +286,7 @@ class Recorder:
 
     def completed(self) -> dict[str, int]:
         """Return calls per group label that returned or failed: started, less those in flight."""
+        self.drain()
         done = dict(self.started)
         for raw, _ in list(self.open.values()):  # a C-level copy: safe against updates
             done[raw[2]] = done.get(raw[2], 0) - 1
@@ -271,6 +294,7 @@ class Recorder:
 
     def oldest_open(self) -> tuple[CollectiveRecord, float] | None:
         """Return the open op issued first, with its monotonic start time, or None."""
+        self.drain()
         entries = list(self.open.values())  # a C-level copy: safe against concurrent updates
         if not entries:
             return None
@@ -279,6 +303,7 @@ class Recorder:
 
     def snapshot(self) -> dict[str, Any]:
         """Return counters, open ops and history as JSON-ready data (what a dump stores)."""
+        self.drain()
         open_records = [to_record(raw).to_json() for raw, _ in list(self.open.values())]
         return {
             "started": dict(self.started),
