@@ -4,9 +4,10 @@
 dispatch, argument checks, an options object. On 2 gloo ranks sharing 2 cores, a tiny call made
 right after a barrier spends about 10 us there (benchmarks/README.md), twice distcompat's budget
 for its own per-call cost. For the common case, ``all_reduce``, ``broadcast``,
-``all_to_all_single`` and ``all_gather_into_tensor`` first try the functions here, which do the
-mismatch check's bookkeeping and call the ProcessGroup method the wrapper would call, with the
-same options::
+``all_to_all_single``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` first try the
+functions here, which do the mismatch check's bookkeeping and call the ProcessGroup method the
+wrapper would call, with the same options (``reduce_scatter_tensor``: the all-to-all and the row
+reduction its general path does)::
 
     done = allreduce(tensor, op, group, async_op)
     if done is not SKIP:
@@ -19,9 +20,14 @@ or capability-probe results that would change the call. The options keep ``async
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
 
 An active watchdog (on by default) keeps the fast path: the call is recorded first
-(``Watchdog.note``, which also refuses calls after a declared hang), an async handle is tracked
-as in ``issue()``, and a synchronous call waits one slice (``Watchdog.first_wait``) here; only a
-call that outlasts it becomes the watchdog's bounded wait (``Watchdog.wait_late``).
+(``Watchdog.note``, a lean record), an async handle is tracked as in ``issue()``, and a
+synchronous call waits one slice (``Watchdog.first_wait``) here; only a call that outlasts it
+becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a declared hang the fast
+paths step aside (``_checked._general``) and the general path's pre-call refuses the call.
+
+Each Python call or object made here costs a tiny collective several times its warm cost, since
+it runs right after a wait with cold caches (benchmarks/README.md): hence options objects made
+once, the ReduceOp compared by identity, and the synchronous wait written out in each function.
 """
 
 from __future__ import annotations
