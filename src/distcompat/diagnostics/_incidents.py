@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from distcompat._ranks import side_store
-from distcompat.diagnostics import _hooks
+from distcompat.collectives import _checked
 from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import WatchdogConfig
 from distcompat.diagnostics._dump import rank_state, write_dump
@@ -235,8 +235,8 @@ class IncidentDesk:
             self._handled_at = time.monotonic()
             self.poisoned = self.config.action == "raise"  # the next collective raises
             self._cv.notify_all()
-        if self.poisoned:
-            _hooks.refresh()  # every call now takes the general path, whose pre-call refuses it
+        if self.poisoned:  # every call now takes the general path, whose pre-call refuses it
+            _checked.step_aside()  # not _hooks.refresh(): its lock is held while a desk halts
 
     def _write(self, report: HangReport) -> Path:
         history = self.recorder.snapshot()["history"]
