@@ -8,6 +8,7 @@ is left behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -58,8 +59,10 @@ def _scenario(kind: str, out: str) -> None:
     # a dead rank never answers: keep its grace under run_on_ranks' 2 s wait for the survivor
     grace = 1.0 if kind == "killed" else None
     # These scenarios test the watchdog's report: the default mismatch check, which would stop
-    # the mismatched ones first (tests/test_collectives_checked.py), is off for them.
-    with unchecked(), watchdog(timeout=TIMEOUT, dump_dir=directory / "dumps", grace=grace):
+    # the mismatched ones first (tests/test_collectives_checked.py), is off for them; except
+    # where the fast paths are tested, which only the checked calls take.
+    check = contextlib.nullcontext() if kind == "sleeps_then_calls" else unchecked()
+    with check, watchdog(timeout=TIMEOUT, dump_dir=directory / "dumps", grace=grace):
         all_reduce(t)  # call #0: everyone agrees
         started = time.monotonic()
         try:
@@ -67,6 +70,9 @@ def _scenario(kind: str, out: str) -> None:
                 _busy(TIMEOUT + 3.0)  # skips the collective, computes elsewhere
             elif rank == 1 and kind == "sleeps":
                 time.sleep(TIMEOUT + 3.0)
+            elif rank == 1 and kind == "sleeps_then_calls":
+                time.sleep(TIMEOUT + 3.0)  # meanwhile rank 0 declares the hang
+                all_reduce(t)  # a call the fast path would take: it must refuse at once
             elif rank == 1 and kind == "mismatch":
                 broadcast(t, src=0)
             elif kind == "rank0_only":
@@ -126,6 +132,15 @@ def test_a_rank_that_is_elsewhere_is_named_behind(kind: str, tmp_path: Path) -> 
     assert "_busy" in stacks if kind == "never_calls" else "_scenario" in stacks
     # the late rank noticed the alarm (not being in a collective) and wrote its own dump
     assert _dump_report(tmp_path, 1).verdict.behind == (1,)
+
+
+def test_after_a_declared_hang_the_next_collective_raises_at_once(tmp_path: Path) -> None:
+    seen = _run("sleeps_then_calls", tmp_path)
+    assert seen[0]["error"] == "HangError"
+    assert 1 in seen, "rank 1 did not come back from its next collective"
+    assert seen[1]["error"] == "HangError"
+    assert "a hang was already declared" in seen[1]["message"]
+    assert seen[1]["after_s"] < TIMEOUT + 3.0 + 1.0  # right after its sleep, not a new wait
 
 
 def test_mismatched_ops_report_both_sides(tmp_path: Path) -> None:
