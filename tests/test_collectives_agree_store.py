@@ -51,6 +51,25 @@ def server() -> Iterator[tuple[subprocess.Popen[str], int]]:
         child.stdout.close()
 
 
+def _stop(pid: int) -> None:
+    """SIGSTOP ``pid`` and return once every thread of it is stopped.
+
+    The signal is asynchronous: on a loaded machine the server's thread can still answer a
+    request sent right after ``kill`` (seen in CI), which the test would read as no bound.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = []
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                states.append(stat.read().rsplit(")", 1)[1].split()[0])
+        if all(state in ("T", "t") for state in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"the store server (pid {pid}) did not stop within 10 s")
+
+
 def _quick(port: int) -> QuickStore:
     client = dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=600))
     return QuickStore(dist.PrefixStore("agree", client))
@@ -63,7 +82,7 @@ def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
     quick = _quick(port)
     assert quick.check(["k"])
     assert quick.multi_get(["k"]) == [b"1"]
-    os.kill(child.pid, signal.SIGSTOP)
+    _stop(child.pid)
     try:
         for _ in range(3):  # the first gives up after TIMEOUT_S; later ones do not pile up
             started = time.monotonic()
