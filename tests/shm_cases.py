@@ -115,9 +115,14 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, case: ShmCase) -> bool:
     return bool(torch.allclose(actual.double(), expected.double(), rtol=scale, atol=scale))
 
 
-def run_shm_case(case: ShmCase) -> str:
-    """Run ``case`` on the shared-memory path; return 'ok' or what went wrong."""
-    configure()
+def run_shm_case(case: ShmCase, slot_bytes: int = TEST_SLOT_BYTES, threads: int = 0) -> str:
+    """Run ``case`` on the shared-memory path; return 'ok' or what went wrong.
+
+    ``threads``: torch's intra-op threads in this rank for the call (0: as the rank started).
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    configure(slot_bytes=slot_bytes)
     rank, world = tdist.get_rank(), tdist.get_world_size()
     if not shm.status(None).engaged:
         return f"not on shared memory: {shm.status(None).reason}"

@@ -79,6 +79,36 @@ def test_shared_memory_equals_gloo_and_is_identical_on_every_rank(
     assert run_on_ranks(run_shm_case, world_size, args=(case,)) == ["ok"] * world_size
 
 
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_chunks_larger_than_one_serial_op_reduce_the_same(world_size: int, threads: int) -> None:
+    """Parts of a chunk above torch's grain size: one op per part with one intra-op thread,
+    pieces of ``_SERIAL`` elements with two; every rank's bytes equal, close to gloo's."""
+    big = 150_001  # per row: 300,002 elements in 512 KiB slots, so three chunks of 2-3 parts
+    cases = [
+        ShmCase("all_reduce", "float32", "SUM", big, "contiguous", 1),
+        ShmCase("all_reduce", "bfloat16", "AVG", big, "strided", 2),
+        ShmCase("all_reduce", "int32", "MAX", big, "contiguous", 3),
+        ShmCase("reduce_scatter_tensor", "float32", "SUM", big, "contiguous", 4),
+    ]
+    for case in cases:
+        got = run_on_ranks(run_shm_case, world_size, args=(case, 512 << 10, threads))
+        assert got == ["ok"] * world_size, case
+
+
+def test_one_thread_reduces_a_part_in_one_op() -> None:
+    from distcompat.collectives._shm_engine import _SERIAL, _grain
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert _grain(10 * _SERIAL) == 10 * _SERIAL
+        torch.set_num_threads(2)
+        assert _grain(10 * _SERIAL) == _SERIAL
+    finally:
+        torch.set_num_threads(before)
+
+
 def _async_and_sizes() -> dict[str, Any]:
     """Async handles, 0-d and empty tensors, and sizes around the chunk size on the path."""
     import distcompat.distributed as dist

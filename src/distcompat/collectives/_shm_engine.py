@@ -7,13 +7,13 @@ chunk's writes never meet a peer's reads of the chunk before::
     engine.run("all_reduce", engine.all_reduce(flat, dist.ReduceOp.SUM), async_op=False)
 
 ``all_reduce`` is a reduce-scatter then an all-gather inside the segment: every rank copies its
-chunk into its slot; after a barrier rank ``r`` reduces part ``r`` of the chunk over the slots of
-ranks 0, 1, ..., w-1 in that order (the same order for every part, on every run), into rank 0's
-slot; after a second barrier every rank copies the whole reduced chunk out. The work of reducing
-is shared by the ranks, and every rank copies the same bytes, so results are bit-identical on all
-ranks. Tensors up to ``SMALL_BYTES`` take one barrier instead: every rank folds every slot
-itself, in the same order. ``broadcast``, ``all_gather_into_tensor`` and ``reduce_scatter_tensor``
-need one barrier per chunk.
+chunk into its slot; after a barrier rank ``r`` reduces part ``r`` of the chunk over the inputs
+of ranks 0, 1, ..., w-1 in that order (the same order for every part, on every run) and
+publishes it in its slot; after a second barrier every rank copies the other reduced parts out.
+The work of reducing is shared by the ranks, and every rank copies the same bytes, so results
+are bit-identical on all ranks. Tensors up to ``SMALL_BYTES`` take one barrier instead: every
+rank folds every slot itself, in the same order. ``broadcast``, ``all_gather_into_tensor`` and
+``reduce_scatter_tensor`` need one barrier per chunk.
 
 An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls
 run in the caller's thread (after any async ops of the group still pending), also when the
@@ -54,9 +54,11 @@ REDUCERS: dict[Any, _Reducer] = {
     R.BXOR: torch.bitwise_xor,
 }
 _ALIGN = 64  # parts of a chunk start on cache-line boundaries: ranks write disjoint lines
-#: Elements per torch op: below torch's grain size (32768) its kernels run in this thread only.
-#: Intra-op threads would spin in OpenMP while the other ranks need the cores (measured: 60x
-#: slower at 1 MiB with 2 threads per rank, 2 ranks on 2 cores).
+#: Elements per torch op where the process has intra-op threads: below torch's grain size
+#: (32768) its kernels run in this thread only. Intra-op threads would spin in OpenMP while the
+#: other ranks need the cores (measured: 60x slower at 1 MiB with 2 threads per rank, 2 ranks on
+#: 2 cores). With one thread (torchrun's default, the demo's), one op per part: each op costs
+#: about 2 us of dispatch, 4 % of a 64 MiB all_reduce in 128 KiB pieces.
 _SERIAL = 32768 - 64
 #: Tensors up to this size are all-reduced with one barrier: every rank folds every slot (the
 #: same order everywhere, so the same bits), instead of each reducing a part and a second barrier.
@@ -68,6 +70,11 @@ _memmove = ctypes.memmove  # a plain memcpy that releases the GIL and starts no 
 def _move(dst: int, src: int, nbytes: int) -> None:
     if nbytes > 0:
         _memmove(dst, src, nbytes)
+
+
+def _grain(count: int) -> int:
+    """Return how many elements one reducing torch op takes (see ``_SERIAL``)."""
+    return count if torch.get_num_threads() == 1 else _SERIAL
 
 
 def _part(count: int, world: int, rank: int, itemsize: int) -> tuple[int, int]:
@@ -212,9 +219,10 @@ class Engine:
         """Reduce ``flat`` in place across the ranks, parts reduced in rank order 0..w-1.
 
         Rank ``r`` copies in only the parts other ranks reduce, reads its own part of its own
-        input where it is, reduces its part into its slot (whose part ``r`` it left free) and
-        into ``flat``, then copies the other ranks' reduced parts out of their slots. AVG
-        (floating dtypes) is the sum divided by the world size, on the reduced part.
+        input where it is, and reduces its part piece by piece: in place in ``flat`` (ranks 0
+        and 1) or in its slot's part ``r``, which it left free (later ranks); each piece is
+        copied to the other place at once. Then it copies the other ranks' reduced parts out of
+        their slots. AVG (floating dtypes) is the sum divided by the world size, on the part.
         """
         average = op == R.AVG
         fold = REDUCERS[R.SUM if average else op]
@@ -234,6 +242,7 @@ class Engine:
                 flat.div_(world)
             return
         step = seg.slot_bytes // itemsize
+        grain = _grain(step)
         for start in range(0, size, step):
             count = min(step, size - start)
             buffer = self._next_buffer()
@@ -246,16 +255,23 @@ class Engine:
             _move(mine + hi * itemsize, here + hi * itemsize, (count - hi) * itemsize)
             yield
             chunk = flat[start : start + count]
-            for a in range(lo, hi, _SERIAL):
-                b = min(hi, a + _SERIAL)
-                acc = slots[me][a:b]
-                terms = [chunk[a:b] if r == me else slots[r][a:b] for r in range(world)]
+            for a in range(lo, hi, grain):
+                b = min(hi, a + grain)
+                own = chunk[a:b]
+                terms = [own if r == me else slots[r][a:b] for r in range(world)]
+                # Ranks 0 and 1 read their own term in the first fold, so they can reduce in
+                # place; a later rank keeps its term intact in ``flat`` until its turn.
+                acc = own if me < 2 else slots[me][a:b]
                 fold(terms[0], terms[1], out=acc)
                 for term in terms[2:]:
                     fold(acc, term, out=acc)
                 if average:
                     acc.div_(world)
-            _move(here + lo * itemsize, mine + lo * itemsize, (hi - lo) * itemsize)
+                # publish the reduced piece (or take it home) while it is still in cache
+                if acc is own:
+                    _move(mine + a * itemsize, here + a * itemsize, (b - a) * itemsize)
+                else:
+                    _move(here + a * itemsize, mine + a * itemsize, (b - a) * itemsize)
             yield
             for r, (a, b) in enumerate(parts):
                 if r != me:
@@ -326,6 +342,7 @@ class Engine:
         size, itemsize = out.numel(), out.element_size()
         blocks = flat.view(world, size)  # [destination rank, element]
         step = max(1, seg.slot_bytes // itemsize // world)
+        grain = _grain(step)
         source = flat.data_ptr()
         for start in range(0, size, step):
             count = min(step, size - start)
@@ -340,8 +357,8 @@ class Engine:
                     )
             yield
             slots = seg.slots(flat.dtype)[buffer]
-            for a in range(0, count, _SERIAL):
-                b = min(count, a + _SERIAL)
+            for a in range(0, count, grain):
+                b = min(count, a + grain)
                 target = out[start + a : start + b]
                 lo, hi = me * count + a, me * count + b
                 terms = [
