@@ -65,6 +65,8 @@ __all__ = [
     "StoreUnreachable",
     "agree",
     "answer",
+    "check",
+    "count",
     "last",
     "listening",
     "record",
@@ -202,19 +204,38 @@ def agree(
 
 def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
     """Count a call with signature ``sig`` (op, dtype, shape, ReduceOp, root); check it if new."""
+    step = count(state, sig)
+    if step is not None:
+        check(state, step, sig, group)
+
+
+def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, int] | None:
+    """Count a call (the first half of :func:`record`); return its step if it must be checked.
+
+    None: nothing to check (the step was agreed before, or the check is off or suspended).
+    Otherwise the caller must :func:`check` the step before it issues the call::
+
+        step = count(state, sig)
+        if step is not None:
+            check(state, step, sig, group)
+    """
     if state.store is None or _joining or _suspended:
-        return
+        return None
     seq = state.seq
     state.seq = seq + 1
     state.history[seq % _HISTORY] = sig
     code = hash(sig)  # a step is keyed by the two codes: hashing nested signatures costs more
     step = (state.previous, code)
     state.previous = code
-    if step not in state.agreed:
-        _check(state, seq, sig, group)
-        if len(state.agreed) >= _MAX_AGREED:
-            state.agreed.clear()
-        state.agreed.add(step)  # reached only when every rank agreed
+    return None if step in state.agreed else step
+
+
+def check(state: _State, step: tuple[int, int], sig: tuple[Any, ...], group: Any) -> None:
+    """Check the call just counted (:func:`count`) with the peers; remember the step agreed."""
+    _check(state, state.seq - 1, sig, group)
+    if len(state.agreed) >= _MAX_AGREED:
+        state.agreed.clear()
+    state.agreed.add(step)  # reached only when every rank agreed
 
 
 def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:

@@ -19,8 +19,10 @@ of more than one rank that an earlier call already looked up; no checked mode, s
 or capability-probe results that would change the call. The options keep ``asyncOp`` at its
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
 
-An active watchdog (on by default) keeps the fast path: the call is recorded first
-(``Watchdog.note``, a lean record), an async handle is tracked as in ``issue()``, and a
+An active watchdog (on by default) keeps the fast path: the call is recorded
+(``Watchdog.note``, a lean record) right after it is issued, while the backend moves it, or
+before the mismatch check where a new step is checked with the peers (a report made during that
+wait shows the call); an async handle is tracked as in ``issue()``, and a
 synchronous call waits one slice (``Watchdog.first_wait``) here; only a call that outlasts it
 becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a declared hang the fast
 paths step aside (``_checked._general``) and the general path's pre-call refuses the call.
@@ -222,15 +224,20 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
-    if watcher is not None:  # first: the record is what a report shows while the check waits
-        raw = watcher.note("all_reduce", shape, dtype, group, name, None)
     if state.store is not None:
-        _agree.record(state, ("all_reduce", dtype, shape, name, None), group)
+        sig = ("all_reduce", dtype, shape, name, None)
+        step = _agree.count(state, sig)
+        if step is not None:  # a new step: checked first, and recorded first for the reports
+            if watcher is not None:
+                raw = watcher.note("all_reduce", shape, dtype, group, name, None)
+            _agree.check(state, step, sig, group)
     try:
         opts = _reduce_opts.get(id(op)) or _reduce_options(op)
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
     except RuntimeError as exc:
         raise_typed(exc, "all_reduce", group)
+    if watcher is not None and raw is None:  # in the op's shadow: the backend is at work
+        raw = watcher.note("all_reduce", shape, dtype, group, name, None)
     if not async_op:  # written out: the most common call of all
         try:
             work.wait(
@@ -254,15 +261,20 @@ def broadcast(
         return SKIP  # shared memory may take it
     watcher = _checked.watch
     raw = None
-    if watcher is not None:
-        origin = src if group_src is None else group_src  # what the general path records
-        raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
+    origin = src if group_src is None else group_src  # what the general path records
     if state.store is not None:
-        _agree.record(state, ("broadcast", tensor.dtype, tensor.shape, None, root), group)
+        sig = ("broadcast", tensor.dtype, tensor.shape, None, root)
+        step = _agree.count(state, sig)
+        if step is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
+            _agree.check(state, step, sig, group)
     try:
         work = pg.broadcast([tensor], _broadcast_options(root))
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
+    if watcher is not None and raw is None:
+        raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
         try:
             work.wait(
@@ -291,15 +303,20 @@ def alltoall(
     shape = input.shape
     watcher = _checked.watch
     raw = None
-    if watcher is not None:
-        raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
     if state.store is not None:
-        _agree.record(state, ("all_to_all_single", dtype, shape[1:], None, None), group)
+        sig = ("all_to_all_single", dtype, shape[1:], None, None)
+        step = _agree.count(state, sig)
+        if step is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
+            _agree.check(state, step, sig, group)
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
     try:
         work = exchange(output, input, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
+    if watcher is not None and raw is None:
+        raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
         try:
             work.wait(
@@ -332,15 +349,21 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         return SKIP
     watcher = _checked.watch
     raw = None
-    if watcher is not None:
-        raw = watcher.note("all_gather_into_tensor", input.shape, input.dtype, group, None, None)
     if state.store is not None:
         sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
-        _agree.record(state, sig, group)
+        step = _agree.count(state, sig)
+        if step is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note(
+                    "all_gather_into_tensor", input.shape, input.dtype, group, None, None
+                )
+            _agree.check(state, step, sig, group)
     try:
         work = gather(output, input)  # default options: asyncOp True, as everywhere here
     except RuntimeError as exc:
         raise_typed(exc, "all_gather_into_tensor", group)
+    if watcher is not None and raw is None:
+        raw = watcher.note("all_gather_into_tensor", input.shape, input.dtype, group, None, None)
     return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
 
 
@@ -369,13 +392,25 @@ def reducescatter(
         return SKIP
     watcher = _checked.watch
     raw = None
-    if watcher is not None:
-        raw = watcher.note("reduce_scatter_tensor", input.shape, input.dtype, group, name, None)
     if state.store is not None:
         sig = ("reduce_scatter_tensor", input.dtype, input.shape, name, None)
-        _agree.record(state, sig, group)
+        step = _agree.count(state, sig)
+        if step is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note(
+                    "reduce_scatter_tensor", input.shape, input.dtype, group, name, None
+                )
+            _agree.check(state, step, sig, group)
     flat = input if input.dim() == 1 else input.view(-1)
     rows = input.new_empty((state.world, output.numel()))  # row r: rank r's chunk for this rank
+    exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    try:
+        # even splits: one row of ``rows`` from each rank
+        work = exchange(rows, flat, [], [], _a2a_opts or _all_to_all_options())
+    except RuntimeError as exc:
+        raise_typed(exc, "reduce_scatter_tensor", group)
+    if watcher is not None and raw is None:
+        raw = watcher.note("reduce_scatter_tensor", input.shape, input.dtype, group, name, None)
     out_flat = output if output.dim() == 1 else output.view(-1)  # out= must not resize it
 
     def combine() -> None:  # the reduction written into the output: no temporary, no copy
@@ -386,10 +421,4 @@ def reducescatter(
         else:
             torch.amin(rows, 0, out=out_flat)
 
-    exchange = getattr(pg, _all_to_all_method(pg.__class__))
-    try:
-        # even splits: one row of ``rows`` from each rank
-        work = exchange(rows, flat, [], [], _a2a_opts or _all_to_all_options())
-    except RuntimeError as exc:
-        raise_typed(exc, "reduce_scatter_tensor", group)
     return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw, combine)
