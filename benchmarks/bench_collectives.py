@@ -72,7 +72,7 @@ def _pair(op: str, nbytes: int, world: int) -> tuple[Callable[[], Any], Callable
 
 
 def _reps(nbytes: int, quick: bool) -> int:
-    reps = 40 if nbytes <= 1 << 20 else 8 if nbytes <= 1 << 24 else 4
+    reps = 40 if nbytes <= 1 << 20 else 16 if nbytes <= 1 << 24 else 8
     reps = 2000 if nbytes <= 1 << 10 else 200 if nbytes <= 1 << 16 else reps  # tiny: noisy
     return max(3, reps // 4) if quick else reps
 
