@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
 
 from distcompat.diagnostics._records import Raw, Recorder, to_record
@@ -95,3 +98,59 @@ def test_records_are_numbered_per_group_in_call_order() -> None:
         ("0", 2, "all_reduce"),
         ("0", 3, "barrier"),
     ]
+
+
+def _fast_path_records() -> dict[str, Any]:
+    """Rank body: 100 rounds of the five fast-path ops under the default watchdog."""
+    import torch.distributed as tdist
+
+    import distcompat.collectives as dc
+    from distcompat.collectives import _checked
+    from distcompat.collectives import _shm_path as shm
+
+    os.environ["DISTCOMPAT_SHM"] = "off"  # tiny gathers would take shared memory under auto
+    shm.reset()
+    watcher = _checked.watch
+    assert watcher is not None, "run_on_ranks starts the default watchdog"
+    recorder = watcher._recorder
+    world = tdist.get_world_size()
+    t = torch.ones(2 * world)
+    for _ in range(2):  # the mismatch check's first call of each step: recorded by note()
+        dc.all_reduce(t)
+    started = dict(recorder.snapshot()["started"])
+    longest = 0
+    for _ in range(100):
+        dc.all_reduce(t)
+        dc.broadcast(t, src=0)
+        dc.all_to_all_single(torch.empty(2 * world), t)
+        dc.all_gather_into_tensor(torch.empty(2 * world * world), t)
+        dc.reduce_scatter_tensor(torch.empty(2), t)
+        longest = max(longest, len(recorder.queue))
+    snapshot = recorder.snapshot()
+    return {
+        "longest": longest,
+        "added": {k: v - started.get(k, 0) for k, v in snapshot["started"].items()},
+        "last": [(r["op"], r["site"], r["shape"], r["dtype"]) for r in snapshot["history"][-5:]],
+        "seqs": [r["seq"] for r in snapshot["history"][-5:]],
+        "total": snapshot["started"]["0"],
+    }
+
+
+def test_fast_path_records_are_numbered_bounded_and_described() -> None:
+    """The fast paths append their records in place (``collectives._direct``): the records
+    must read as ``Recorder.note``'s do, numbered per group in call order, and the queue stays
+    bounded without a reader."""
+    from distcompat.testing import run_on_ranks
+
+    seen = run_on_ranks(_fast_path_records, 2)
+    assert seen[0]["added"] == seen[1]["added"] == {"0": 500}
+    for rank in seen:
+        assert rank["longest"] < 256
+        assert rank["last"] == [
+            ("all_reduce", "?", (4,), "float32"),
+            ("broadcast", "?", (4,), "float32"),
+            ("all_to_all_single", "?", (4,), "float32"),
+            ("all_gather_into_tensor", "?", (4,), "float32"),
+            ("reduce_scatter_tensor", "?", (4,), "float32"),
+        ]
+        assert rank["seqs"] == list(range(rank["total"] - 5, rank["total"]))

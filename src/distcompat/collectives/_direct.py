@@ -19,11 +19,14 @@ of more than one rank that an earlier call already looked up; no checked mode, s
 or capability-probe results that would change the call. The options keep ``asyncOp`` at its
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
 
-An active watchdog (on by default) keeps the fast path: the call is recorded
-(``Watchdog.note``, a lean record) right after it is issued, while the backend moves it, or
-before the mismatch check where a new step is checked with the peers (a report made during that
-wait shows the call); an async handle is tracked as in ``issue()``, and a
-synchronous call waits one slice (``Watchdog.first_wait``) here; only a call that outlasts it
+An active watchdog (on by default) keeps the fast path: the call is recorded right after it is
+issued, by appending its raw record (``diagnostics._records.Raw``) to ``Watchdog.queue`` in
+place, not through a method: right after a wait, one more Python call cost a tiny all_reduce
+3-5 us end to end, the inline append about 1 us (benchmarks/README.md). Where the mismatch
+check must first check a new step with the peers, the call is recorded before it
+(``Watchdog.note``), so a report made during that wait shows it. An async handle is tracked as
+in ``issue()``, and a synchronous call waits one slice (``Watchdog.first_wait``) here; only a
+call that outlasts it
 becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a declared hang the fast
 paths step aside (``_checked._general``) and the general path's pre-call refuses the call.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import enum
 import functools
 from datetime import timedelta
+from time import monotonic as _monotonic
 from typing import Any, Literal
 
 import torch
@@ -87,6 +91,10 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
             return pg, None
     return pg, last[1]
 
+
+#: Records the fast paths queue for an active watchdog before they have it drain the queue
+#: (``Watchdog.queue``; the same bound as ``Recorder.note``).
+_DRAIN_AT = 256
 
 #: ``Work.wait``'s own default: no timeout.
 _NO_TIMEOUT = timedelta(0)
@@ -236,8 +244,12 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
     except RuntimeError as exc:
         raise_typed(exc, "all_reduce", group)
-    if watcher is not None and raw is None:  # in the op's shadow: the backend is at work
-        raw = watcher.note("all_reduce", shape, dtype, group, name, None)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        raw = [None, "all_reduce", group, shape, dtype, name, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
     if not async_op:  # written out: the most common call of all
         try:
             work.wait(
@@ -273,8 +285,13 @@ def broadcast(
         work = pg.broadcast([tensor], _broadcast_options(root))
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
-    if watcher is not None and raw is None:
-        raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        shape, dtype = tensor.shape, tensor.dtype
+        raw = [None, "broadcast", group, shape, dtype, None, origin, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
         try:
             work.wait(
@@ -315,8 +332,12 @@ def alltoall(
         work = exchange(output, input, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
-    if watcher is not None and raw is None:
-        raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        raw = [None, "all_to_all_single", group, shape, dtype, None, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
         try:
             work.wait(
@@ -362,8 +383,13 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         work = gather(output, input)  # default options: asyncOp True, as everywhere here
     except RuntimeError as exc:
         raise_typed(exc, "all_gather_into_tensor", group)
-    if watcher is not None and raw is None:
-        raw = watcher.note("all_gather_into_tensor", input.shape, input.dtype, group, None, None)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        shape, dtype = input.shape, input.dtype
+        raw = [None, "all_gather_into_tensor", group, shape, dtype, None, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
     return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
 
 
@@ -409,8 +435,13 @@ def reducescatter(
         work = exchange(rows, flat, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "reduce_scatter_tensor", group)
-    if watcher is not None and raw is None:
-        raw = watcher.note("reduce_scatter_tensor", input.shape, input.dtype, group, name, None)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        shape, dtype = input.shape, input.dtype
+        raw = [None, "reduce_scatter_tensor", group, shape, dtype, name, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
     out_flat = output if output.dim() == 1 else output.view(-1)  # out= must not resize it
 
     def combine() -> None:  # the reduction written into the output: no temporary, no copy

@@ -114,8 +114,8 @@ def _site(depth: int) -> tuple[str, int]:
     return (frame.f_code.co_filename, frame.f_lineno)
 
 
-def _site_text(site: tuple[str, int]) -> str:
-    return "?" if site[1] == 0 else f"{site[0]}:{site[1]}"
+def _site_text(site: tuple[str, int] | None) -> str:
+    return "?" if site is None or site[1] == 0 else f"{site[0]}:{site[1]}"
 
 
 def call_site(depth: int = 1) -> str:
@@ -153,10 +153,8 @@ def _reduce_name(reduce_op: Any) -> str | None:
 #: What a call's record keeps, converted to a CollectiveRecord only when read (cheap hot path):
 #: [seq, op, group label, shape, dtype, reduce_op, root, (file, line), monotonic start]. Made
 #: with seq None and the group object in the label's place; :meth:`Recorder.drain` fills both.
+#: The site is None in the fast paths' records until :meth:`Recorder.late` finds it.
 Raw = list[Any]
-
-#: A :meth:`Recorder.note` record's site until :meth:`Recorder.late` finds it.
-_NO_SITE = ("?", 0)
 #: Wall-clock time minus monotonic time: turns a raw entry's monotonic start into wall time.
 _WALL_OFFSET = time.time() - time.monotonic()
 #: :meth:`Recorder.note` drains its queue once it holds this many records.
@@ -194,7 +192,9 @@ class Recorder:
         self.history: deque[Raw] = deque(maxlen=capacity)
         self.started: dict[str, int] = {}
         self.open: dict[int, tuple[Raw, float]] = {}  # key -> (raw record, monotonic start)
-        self._queue: list[Raw] = []  # appended by callers, emptied by drain() alone
+        #: Raw records in call order, not yet numbered: callers append (the fast paths in
+        #: ``collectives._direct`` do it in place, see :meth:`note`); only drain() removes.
+        self.queue: list[Raw] = []
         self._drain_lock = threading.Lock()
         self._local = threading.local()
 
@@ -208,8 +208,8 @@ class Recorder:
         live frames only if the op is still in flight after its first wait, :meth:`late`;
         history shows ``?``), and no pending record (:meth:`current` finds it).
         """
-        raw = [None, op, group, shape, dtype, reduce_op, root, _NO_SITE, time.monotonic()]
-        queue = self._queue
+        raw = [None, op, group, shape, dtype, reduce_op, root, None, time.monotonic()]
+        queue = self.queue
         queue.append(raw)
         if len(queue) >= _DRAIN_AT:
             self.drain()
@@ -221,7 +221,7 @@ class Recorder:
         """Record a collective about to be issued; it becomes this thread's pending record."""
         shape, dtype = (None, None) if tensor is None else (tensor.shape, tensor.dtype)
         raw = [None, op, group, shape, dtype, reduce_op, root, _site(1), time.monotonic()]
-        self._queue.append(raw)
+        self.queue.append(raw)
         self._local.pending = raw
 
     def drain(self) -> None:
@@ -230,7 +230,7 @@ class Recorder:
         Safe from any thread: callers only append to the queue, and this removes what it read.
         """
         with self._drain_lock:
-            queue = self._queue
+            queue = self.queue
             count = len(queue)
             if not count:
                 return
@@ -261,7 +261,7 @@ class Recorder:
         user's frame is found then; the open entry starts at ``started`` (default: the call's).
         """
         self.drain()
-        if raw[7] is _NO_SITE:
+        if raw[7] is None:
             raw[7] = _site(1)
         self.open[key] = (raw, raw[8] if started is None else started)
         return raw

@@ -78,6 +78,9 @@ class Watchdog:
         #: After a declared hang (``poisoned``) the fast paths step aside (``_hooks.refresh``)
         #: and :meth:`before` refuses the call.
         self.note = self._recorder.note
+        #: The recorder's queue and drain: the fast paths append their records in place.
+        self.queue = self._recorder.queue
+        self.drain = self._recorder.drain
 
     @property
     def poisoned(self) -> bool:
@@ -110,6 +113,7 @@ class Watchdog:
             if outer is not None:  # nested: share the sequence numbers, pause the outer thread
                 self._recorder = self._desk.recorder = outer._recorder
                 self.note = self._recorder.note
+                self.queue, self.drain = self._recorder.queue, self._recorder.drain
                 outer._desk.halt()
             _hooks.state.watchdogs.append(self)
             _hooks.refresh()
