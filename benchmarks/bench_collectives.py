@@ -20,6 +20,7 @@ gloo, per op and size, at 2 and 4 ranks, interleaved call by call; and which pat
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -377,12 +378,13 @@ TINY_OPS = ["all_reduce", "broadcast", "all_to_all_single"]
 def measure_tiny(rounds: int) -> dict[str, Any]:
     """4 B calls: raw torch, distcompat with its defaults, and distcompat without a watchdog.
 
-    Runs on every rank. Each round makes the three calls (after a barrier each) in an order that
-    alternates, so all three see the same noise; returns every rank's p50 of each, and the p50
-    of distcompat less raw taken pair by pair within a round (less sensitive to the machine's
-    drift than a difference of two p50s). The third column switches the watchdog off for one
-    call (``_checked.watch`` is what the fast paths read), which shows what the watchdog's
-    record costs end to end.
+    Runs on every rank. Each round makes the three calls (after a barrier each) in the next of
+    the six orders, so all three see the same noise and each follows each of the others equally
+    often (a call right after one that ran the same code finds it warm). Returns every rank's
+    p50 of each, and the p50 of distcompat less raw taken pair by pair within a round (less
+    sensitive to the machine's drift than a difference of two p50s). The third column switches
+    the watchdog off for one call (``_checked.watch`` is what the fast paths read), which shows
+    what the watchdog's record costs end to end.
     """
     from distcompat.collectives import _checked
 
@@ -403,8 +405,9 @@ def measure_tiny(rounds: int) -> dict[str, Any]:
         for call in calls:
             call()
         times: list[list[float]] = [[], [], []]
+        orders = list(itertools.permutations(range(3)))
         for index in range(rounds):
-            for k in (0, 1, 2) if index % 2 else (2, 1, 0):
+            for k in orders[index % len(orders)]:
                 times[k].append(_timed(calls[k]))
         out[op] = {
             "raw_p50_us": _pct(times[0], 0.5) * 1e6,
