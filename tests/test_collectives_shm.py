@@ -84,7 +84,7 @@ def test_shared_memory_equals_gloo_and_is_identical_on_every_rank(
 def test_chunks_larger_than_one_serial_op_reduce_the_same(world_size: int, threads: int) -> None:
     """Parts of a chunk above torch's grain size: one op per part with one intra-op thread,
     pieces of ``_SERIAL`` elements with two; every rank's bytes equal, close to gloo's."""
-    big = 150_001  # per row: 300,002 elements in 512 KiB slots, so three chunks of 2-3 parts
+    big = 150_001  # two rows: 300,002 elements, two or three chunks of 512 KiB slots
     cases = [
         ShmCase("all_reduce", "float32", "SUM", big, "contiguous", 1),
         ShmCase("all_reduce", "bfloat16", "AVG", big, "strided", 2),

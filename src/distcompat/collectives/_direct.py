@@ -26,9 +26,9 @@ place, not through a method: right after a wait, one more Python call cost a tin
 check must first check a new step with the peers, the call is recorded before it
 (``Watchdog.note``), so a report made during that wait shows it. An async handle is tracked as
 in ``issue()``, and a synchronous call waits one slice (``Watchdog.first_wait``) here; only a
-call that outlasts it
-becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a declared hang the fast
-paths step aside (``_checked._general``) and the general path's pre-call refuses the call.
+call that outlasts it becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a
+declared hang the fast paths step aside (``_checked._general``) and the general path's
+pre-call refuses the call.
 
 Each Python call or object made here costs a tiny collective several times its warm cost, since
 it runs right after a wait with cold caches (benchmarks/README.md): hence options objects made

@@ -61,8 +61,9 @@ __all__ = [
 ]
 
 #: Bytes of one rank's slot: chunks of a larger tensor are pipelined through it (halved where
-#: /dev/shm is small: ``Segment.fit``). 1 MiB measured faster than 2 and 4 MiB for all_reduce
-#: of 16-64 MiB at 2 ranks (a chunk's traffic stays in the caches), and no slower at 4 ranks.
+#: /dev/shm is small: ``Segment.fit``). For all_reduce of 16-64 MiB at 2 ranks, 1 MiB measured
+#: faster than 4 MiB and about as fast as 2 MiB (a chunk's traffic stays in the caches); at 4
+#: ranks the size made no difference (benchmarks/README.md).
 SLOT_BYTES = 1 << 20
 #: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory,
 #: at 2 ranks and at more: below it gloo measured as fast or faster, or the two runs disagreed

@@ -75,8 +75,8 @@ class Watchdog:
         #: The fast paths' record (``collectives._direct``): ``Recorder.note`` itself, no layer
         #: between (a call costs microseconds right after a wait). A synchronous call then waits
         #: :attr:`first_wait` itself and calls :meth:`wait_late` only if that did not end it.
-        #: After a declared hang (``poisoned``) the fast paths step aside (``_hooks.refresh``)
-        #: and :meth:`before` refuses the call.
+        #: After a declared hang (``poisoned``) the fast paths step aside
+        #: (``_checked.step_aside``) and :meth:`before` refuses the call.
         self.note = self._recorder.note
         #: The recorder's queue and drain: the fast paths append their records in place.
         self.queue = self._recorder.queue
