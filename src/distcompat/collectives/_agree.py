@@ -204,20 +204,21 @@ def agree(
 
 def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
     """Count a call with signature ``sig`` (op, dtype, shape, ReduceOp, root); check it if new."""
-    step = count(state, sig)
-    if step is not None:
-        check(state, step, sig, group)
+    counted = count(state, sig)
+    if counted is not None:
+        check(state, counted, sig, group)
 
 
-def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, int] | None:
-    """Count a call (the first half of :func:`record`); return its step if it must be checked.
+def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, tuple[int, int]] | None:
+    """Count a call (the first half of :func:`record`); return ``(seq, step)`` to check, or None.
 
     None: nothing to check (the step was agreed before, or the check is off or suspended).
-    Otherwise the caller must :func:`check` the step before it issues the call::
+    Otherwise the caller must :func:`check` what this returned before it issues the call (the
+    call's number travels with it: another thread may count a call in between)::
 
-        step = count(state, sig)
-        if step is not None:
-            check(state, step, sig, group)
+        counted = count(state, sig)
+        if counted is not None:
+            check(state, counted, sig, group)
     """
     if state.store is None or _joining or _suspended:
         return None
@@ -227,12 +228,15 @@ def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, int] | None:
     code = hash(sig)  # a step is keyed by the two codes: hashing nested signatures costs more
     step = (state.previous, code)
     state.previous = code
-    return None if step in state.agreed else step
+    return None if step in state.agreed else (seq, step)
 
 
-def check(state: _State, step: tuple[int, int], sig: tuple[Any, ...], group: Any) -> None:
-    """Check the call just counted (:func:`count`) with the peers; remember the step agreed."""
-    _check(state, state.seq - 1, sig, group)
+def check(
+    state: _State, counted: tuple[int, tuple[int, int]], sig: tuple[Any, ...], group: Any
+) -> None:
+    """Check a call :func:`count` returned with the peers; remember its step as agreed."""
+    seq, step = counted
+    _check(state, seq, sig, group)
     if len(state.agreed) >= _MAX_AGREED:
         state.agreed.clear()
     state.agreed.add(step)  # reached only when every rank agreed

@@ -234,11 +234,11 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     raw = None
     if state.store is not None:
         sig = ("all_reduce", dtype, shape, name, None)
-        step = _agree.count(state, sig)
-        if step is not None:  # a new step: checked first, and recorded first for the reports
+        counted = _agree.count(state, sig)
+        if counted is not None:  # a new step: checked first, and recorded first for the reports
             if watcher is not None:
                 raw = watcher.note("all_reduce", shape, dtype, group, name, None)
-            _agree.check(state, step, sig, group)
+            _agree.check(state, counted, sig, group)
     try:
         opts = _reduce_opts.get(id(op)) or _reduce_options(op)
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
@@ -276,11 +276,11 @@ def broadcast(
     origin = src if group_src is None else group_src  # what the general path records
     if state.store is not None:
         sig = ("broadcast", tensor.dtype, tensor.shape, None, root)
-        step = _agree.count(state, sig)
-        if step is not None:  # as in allreduce
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note("broadcast", tensor.shape, tensor.dtype, group, None, origin)
-            _agree.check(state, step, sig, group)
+            _agree.check(state, counted, sig, group)
     try:
         work = pg.broadcast([tensor], _broadcast_options(root))
     except RuntimeError as exc:
@@ -322,11 +322,11 @@ def alltoall(
     raw = None
     if state.store is not None:
         sig = ("all_to_all_single", dtype, shape[1:], None, None)
-        step = _agree.count(state, sig)
-        if step is not None:  # as in allreduce
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
-            _agree.check(state, step, sig, group)
+            _agree.check(state, counted, sig, group)
     exchange = getattr(pg, _all_to_all_method(pg.__class__))
     try:
         work = exchange(output, input, [], [], _a2a_opts or _all_to_all_options())
@@ -372,13 +372,13 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     raw = None
     if state.store is not None:
         sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
-        step = _agree.count(state, sig)
-        if step is not None:  # as in allreduce
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note(
                     "all_gather_into_tensor", input.shape, input.dtype, group, None, None
                 )
-            _agree.check(state, step, sig, group)
+            _agree.check(state, counted, sig, group)
     try:
         work = gather(output, input)  # default options: asyncOp True, as everywhere here
     except RuntimeError as exc:
@@ -420,13 +420,13 @@ def reducescatter(
     raw = None
     if state.store is not None:
         sig = ("reduce_scatter_tensor", input.dtype, input.shape, name, None)
-        step = _agree.count(state, sig)
-        if step is not None:  # as in allreduce
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note(
                     "reduce_scatter_tensor", input.shape, input.dtype, group, name, None
                 )
-            _agree.check(state, step, sig, group)
+            _agree.check(state, counted, sig, group)
     flat = input if input.dim() == 1 else input.view(-1)
     rows = input.new_empty((state.world, output.numel()))  # row r: rank r's chunk for this rank
     exchange = getattr(pg, _all_to_all_method(pg.__class__))

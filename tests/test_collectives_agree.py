@@ -1,0 +1,47 @@
+"""The mismatch check's per-group bookkeeping (``collectives._agree.count``), in one process.
+
+Only the counting is exercised here: no peer is asked (``check`` needs a group; the
+distributed behaviour is tested with real gloo groups in tests/test_collectives_mismatch.py).
+The store is a placeholder object, never called by ``count``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import torch
+
+from distcompat.collectives import _agree
+
+
+def _state() -> Any:
+    return _agree._State(store=cast(Any, object()), rank=0, world=2)
+
+
+def test_count_hands_each_new_call_its_own_number() -> None:
+    state = _state()
+    first = ("all_reduce", torch.float32, torch.Size([4]), "SUM", None)
+    second = ("broadcast", torch.float32, torch.Size([4]), None, 0)
+    counted_first = _agree.count(state, first)
+    counted_second = _agree.count(state, second)  # counted before the first is checked
+    assert counted_first is not None
+    assert counted_second is not None
+    assert (counted_first[0], counted_second[0]) == (0, 1)
+    assert state.history[:2] == [first, second]
+
+
+def test_count_returns_nothing_for_a_step_agreed_before() -> None:
+    state = _state()
+    sig = ("all_reduce", torch.float32, torch.Size([4]), "SUM", None)
+    counted = _agree.count(state, sig)
+    assert counted is not None
+    state.agreed.add(counted[1])  # what check() does once every rank agreed
+    state.previous = 0  # the same step again: (previous code, code)
+    assert _agree.count(state, sig) is None
+    assert state.seq == 2  # still counted
+
+
+def test_count_is_off_without_a_store() -> None:
+    state = _agree._State(store=None, rank=0, world=2)
+    assert _agree.count(state, ("barrier", None, None, None, None)) is None
+    assert state.seq == 0
