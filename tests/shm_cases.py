@@ -118,10 +118,19 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, case: ShmCase) -> bool:
 def run_shm_case(case: ShmCase, slot_bytes: int = TEST_SLOT_BYTES, threads: int = 0) -> str:
     """Run ``case`` on the shared-memory path; return 'ok' or what went wrong.
 
-    ``threads``: torch's intra-op threads in this rank for the call (0: as the rank started).
+    ``threads``: torch's intra-op threads in this rank for the call (0: as the rank is); the
+    rank's own setting is restored after, since the pool's ranks serve later tests too.
     """
+    before = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
+    try:
+        return _run_case(case, slot_bytes)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run_case(case: ShmCase, slot_bytes: int) -> str:
     configure(slot_bytes=slot_bytes)
     rank, world = tdist.get_rank(), tdist.get_world_size()
     if not shm.status(None).engaged:
