@@ -6,6 +6,7 @@ script that is the main module), in a temporary directory.
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from distcompat.testing import run_on_ranks
-from distcompat.testing._startup import startup_hint
+from distcompat.testing._startup import _guarded, startup_hint
 
 
 def _run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
@@ -58,6 +59,29 @@ def test_script_with_main_guard_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "[0, 1]" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        'if __name__ == "__main__":\n    call()\n',
+        'if "__main__" == __name__:\n    call()\n',
+        'if __name__ == "__main__" and len(sys.argv) > 1:\n    call()\n',
+        'if x:\n    pass\nelif __name__ == "__main__":\n    call()\n',
+        'if __name__ != "__main__":\n    pass\nelse:\n    call()\n',
+    ],
+)
+def test_guards_written_any_way_are_accepted(source: str) -> None:
+    """A script whose call sits under any ``if`` that tests ``__name__`` is not refused."""
+    tree = ast.parse(source)
+    line = next(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call))
+    assert _guarded(tree, line)
+
+
+def test_a_call_outside_every_guard_is_found() -> None:
+    tree = ast.parse('if __name__ == "__main__":\n    pass\ncall()\nif flag:\n    call()\n')
+    assert not _guarded(tree, 3)
+    assert not _guarded(tree, 5)
 
 
 def test_function_defined_under_the_guard_is_explained(tmp_path: Path) -> None:

@@ -39,22 +39,23 @@ class MainGuardError(RuntimeError):
     """``run_on_ranks`` was called from a script's top level, outside ``if __name__ == ...``."""
 
 
-def _is_main_test(node: ast.expr) -> bool:
-    """Return True for ``__name__ == "__main__"`` (either way round)."""
-    if not (isinstance(node, ast.Compare) and len(node.ops) == 1):
-        return False
-    if not isinstance(node.ops[0], ast.Eq):
-        return False
-    sides = [node.left, node.comparators[0]]
-    names = {side.id for side in sides if isinstance(side, ast.Name)}
-    texts = {side.value for side in sides if isinstance(side, ast.Constant)}
-    return names == {"__name__"} and texts == {"__main__"}
+def _reads_name(node: ast.expr) -> bool:
+    """Return True when a test reads ``__name__`` anywhere (``__name__ == "__main__" and x``).
+
+    Lenient on purpose: a test of the guard written another way is taken as a guard, since a
+    wrong refusal blocks a working script, while a missed one still ends with the rank's own
+    "bootstrapping phase" error, explained by :func:`startup_hint`.
+    """
+    return any(isinstance(part, ast.Name) and part.id == "__name__" for part in ast.walk(node))
 
 
 def _guarded(tree: ast.Module, line: int) -> bool:
-    """Return True when ``line`` lies inside an ``if __name__ == "__main__":`` block."""
+    """Return True when ``line`` lies inside the body of an ``if`` that tests ``__name__``.
+
+    The ``else`` of ``if __name__ != "__main__":`` counts too, as does an ``elif``.
+    """
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and _is_main_test(node.test):
+        if isinstance(node, ast.If) and _reads_name(node.test):
             end = node.end_lineno or node.lineno
             if node.lineno <= line <= end:
                 return True
