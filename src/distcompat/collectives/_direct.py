@@ -38,7 +38,6 @@ once, the ReduceOp compared by identity, and the synchronous wait written out in
 from __future__ import annotations
 
 import enum
-import functools
 from datetime import timedelta
 from time import monotonic as _monotonic
 from typing import Any, Literal
@@ -307,8 +306,9 @@ def broadcast(
             if watcher is not None:
                 raw = watcher.note("broadcast", shape, dtype, group, None, origin)
             _agree.check(state, counted, sig, group)
+    opts = _bcast_opts.get(root) or _broadcast_options(root)
     try:
-        work = pg.broadcast([tensor], _bcast_opts.get(root) or _broadcast_options(root))
+        work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
@@ -328,20 +328,54 @@ def broadcast(
     return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
 
 
-@functools.cache
-def _all_to_all_method(pg_type: type) -> str:
-    """Return the ProcessGroup method torch's ``all_to_all_single`` calls (renamed lately)."""
-    return "all_to_all_single" if hasattr(pg_type, "all_to_all_single") else "alltoall_base"
+#: The ProcessGroup class's all-to-all function, by class (see :func:`_exchange`).
+_exchanges: dict[type, Any] = {}
+
+
+def _exchange(pg_type: type) -> Any:
+    """Return (and keep) the function torch's ``all_to_all_single`` calls on ``pg_type``.
+
+    Looked up on the class, called with the group first: renamed lately (``alltoall_base`` in
+    older releases).
+    """
+    name = "all_to_all_single" if hasattr(pg_type, "all_to_all_single") else "alltoall_base"
+    _exchanges[pg_type] = function = getattr(pg_type, name)
+    return function
 
 
 def alltoall(
     output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool, even: bool
 ) -> Outcome:
-    """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it."""
-    pg, state = _ready(group, input, output)
-    dtype = input.dtype
-    if state is None or not even or input.dim() == 0 or dtype != output.dtype:
+    """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it.
+
+    Written out as :func:`allreduce` is (no ``_ready`` call; the ProcessGroup's method looked
+    up by class in a dict).
+    """
+    if (
+        type(input) is not torch.Tensor
+        or type(output) is not torch.Tensor
+        or _checked._general
+        or _probed._any
+    ):
         return SKIP
+    pg = group if group is not None else dist.GroupMember.WORLD
+    last = _agree.last
+    dtype = input.dtype
+    if (
+        not even
+        or last is None
+        or pg is not last[0]()
+        or dtype not in MOVE_NATIVE
+        or output.dtype is not dtype
+        or not input.is_cpu
+        or not output.is_cpu
+        or not input.is_contiguous()
+        or not output.is_contiguous()
+        or has_torch_function((input, output))
+        or input.dim() == 0
+    ):
+        return SKIP
+    state = last[1]
     shape = input.shape
     watcher = _checked.watch
     raw = None
@@ -352,9 +386,9 @@ def alltoall(
             if watcher is not None:
                 raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
             _agree.check(state, counted, sig, group)
-    exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
     try:
-        work = exchange(output, input, [], [], _a2a_opts or _all_to_all_options())
+        work = exchange(pg, output, input, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
@@ -454,10 +488,10 @@ def reducescatter(
             _agree.check(state, counted, sig, group)
     flat = input if input.dim() == 1 else input.view(-1)
     rows = input.new_empty((state.world, output.numel()))  # row r: rank r's chunk for this rank
-    exchange = getattr(pg, _all_to_all_method(pg.__class__))
+    exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
     try:
         # even splits: one row of ``rows`` from each rank
-        work = exchange(rows, flat, [], [], _a2a_opts or _all_to_all_options())
+        work = exchange(pg, rows, flat, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "reduce_scatter_tensor", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
