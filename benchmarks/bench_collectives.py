@@ -32,6 +32,7 @@ import torch
 import torch.distributed as tdist
 
 import distcompat.collectives as dc
+from distcompat.collectives import _direct
 from distcompat.collectives import _shm_path as shm
 from distcompat.testing import run_on_ranks
 
@@ -176,6 +177,8 @@ def _wrapper_cost(
     itself, so a no-op backend would not stand in for the op there; the end-to-end rows measure
     it. distcompat's reduce_scatter_tensor is an all-to-all (a no-op here) plus a local
     reduction of the rows, which stays in its cost: gloo's own reduction is inside the no-op.
+    The fast paths keep the ProcessGroup class's all-to-all function once looked up
+    (``_direct._exchanges``): emptied here, so they find the no-op (and later the real one).
     """
     t, out, inp = torch.ones(1), torch.empty(2), torch.ones(2)
     pg_type = type(tdist.group.WORLD)
@@ -210,6 +213,7 @@ def _wrapper_cost(
     try:
         for name in real:
             setattr(pg_type, name, lambda *args, **kwargs: done)
+        _direct._exchanges.clear()
         for name, (ours, raw) in pairs.items():
             ours(), raw()
             block = calls // rounds
@@ -233,6 +237,7 @@ def _wrapper_cost(
     finally:
         for name, fn in real.items():
             setattr(pg_type, name, fn)
+        _direct._exchanges.clear()
         if shm_setting is None:
             del os.environ["DISTCOMPAT_SHM"]
         else:
