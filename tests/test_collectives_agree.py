@@ -45,3 +45,16 @@ def test_count_is_off_without_a_store() -> None:
     state = _agree._State(store=None, rank=0, world=2)
     assert _agree.count(state, ("barrier", None, None, None, None)) is None
     assert state.seq == 0
+
+
+def test_unchecked_pauses_counting_and_restores_it() -> None:
+    state = _state()
+    sig = ("all_reduce", torch.float32, torch.Size([4]), "SUM", None)
+    with _agree.unchecked():
+        assert _agree.paused
+        with _agree.unchecked():  # nested: still paused after the inner block
+            pass
+        assert _agree.paused
+        assert _agree.count(state, sig) is None
+    assert not _agree.paused
+    assert state.seq == 0

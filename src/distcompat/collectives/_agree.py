@@ -60,6 +60,7 @@ from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
 
 __all__ = [
     "ENV_VAR",
+    "HISTORY",
     "POLL",
     "POLL_S",
     "StoreUnreachable",
@@ -85,7 +86,7 @@ _MAX_PAUSE_S = 0.02
 #: Steps remembered per group; beyond this the set starts again (every rank at the same call).
 _MAX_AGREED = 4096
 #: Recent signatures kept per group, to answer a question about a call already made.
-_HISTORY = 256
+HISTORY = 256
 
 _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 
@@ -108,7 +109,7 @@ class _State:
     seq: int = 0
     agreed: set[Any] = field(default_factory=set)  # steps: (previous code, code), see record()
     previous: int = 0  # the last call's signature code (this process's hash of it)
-    history: list[Any] = field(default_factory=lambda: [None] * _HISTORY)
+    history: list[Any] = field(default_factory=lambda: [None] * HISTORY)
     posted: set[int] = field(default_factory=set)  # call numbers this rank posted for
     open: set[int] = field(default_factory=set)  # answered, still waiting for every post
 
@@ -118,6 +119,14 @@ _states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
 _joining = False
 #: Inside :func:`unchecked`: no call is numbered or checked.
 _suspended = False
+#: ``_joining or _suspended``, kept up to date: the one flag the fast paths read.
+paused = False
+
+
+def _pause(joining: bool, suspended: bool) -> None:
+    """Set ``_joining`` and ``_suspended``, and :data:`paused` with them."""
+    global _joining, _suspended, paused
+    _joining, _suspended, paused = joining, suspended, joining or suspended
 
 
 def answering() -> bool:
@@ -133,12 +142,12 @@ def unchecked() -> Iterator[None]:
         >>> with unchecked():
         ...     pass
     """
-    global _suspended
-    previous, _suspended = _suspended, True
+    previous = _suspended
+    _pause(_joining, True)
     try:
         yield
     finally:
-        _suspended = previous
+        _pause(_joining, previous)
 
 
 def _enabled_by_env() -> bool:
@@ -185,7 +194,7 @@ def agree(
     op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
 ) -> None:
     """Count this call on ``group``; check it with every rank if its signature is new there."""
-    if _joining or _suspended:
+    if paused:
         return
     state = state_for(group)
     if state.store is None:
@@ -220,11 +229,11 @@ def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, tuple[int, int]] | 
         if counted is not None:
             check(state, counted, sig, group)
     """
-    if state.store is None or _joining or _suspended:
+    if state.store is None or paused:
         return None
     seq = state.seq
     state.seq = seq + 1
-    state.history[seq % _HISTORY] = sig
+    state.history[seq % HISTORY] = sig
     code = hash(sig)  # a step is keyed by the two codes: hashing nested signatures costs more
     step = (state.previous, code)
     state.previous = code
@@ -355,7 +364,7 @@ def answer(group: Any) -> None:
     asked = {int(value) for value in store.multi_get([f"ask/{r}" for r in peers])}
     for seq in sorted(asked - state.posted):
         if seq < state.seq:  # a call this rank already made (a later one is not ours to answer)
-            sig = state.history[seq % _HISTORY] if seq > state.seq - _HISTORY else None
+            sig = state.history[seq % HISTORY] if seq > state.seq - HISTORY else None
             store.set(f"s/{seq}/{state.rank}", "in|" + signature_text(sig))
             state.posted.add(seq)
             state.open.add(seq)
@@ -407,11 +416,10 @@ def _join_pending(posts: list[str], group: Any) -> None:
     call = rebuild_call(text, group)
     if call is None:
         return
-    global _joining
-    _joining = True
+    _pause(True, _suspended)
     try:
         call()
     except RuntimeError:
         pass  # the peers' call failed anyway; they raise on their own
     finally:
-        _joining = False
+        _pause(False, _suspended)

@@ -47,6 +47,7 @@ import torch.distributed as dist
 from torch.overrides import has_torch_function
 
 from distcompat.collectives import _agree, _checked, _probed, _shm_path
+from distcompat.collectives._agree import HISTORY as _HISTORY
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
@@ -235,13 +236,19 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
-    if state.store is not None:
+    if state.store is not None and not _agree.paused:
+        # _agree.count written out (the most common call; see the module doc): keep the two alike
         sig = ("all_reduce", dtype, shape, name, None)
-        counted = _agree.count(state, sig)
-        if counted is not None:  # a new step: checked first, and recorded first for the reports
+        seq = state.seq
+        state.seq = seq + 1
+        state.history[seq % _HISTORY] = sig
+        code = hash(sig)
+        step = (state.previous, code)
+        state.previous = code
+        if step not in state.agreed:  # a new step: checked first, and recorded first for reports
             if watcher is not None:
                 raw = watcher.note("all_reduce", shape, dtype, group, name, None)
-            _agree.check(state, counted, sig, group)
+            _agree.check(state, (seq, step), sig, group)
     try:
         opts = _reduce_opts.get(id(op)) or _reduce_options(op)
         work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
