@@ -281,7 +281,7 @@ def broadcast(
     """``pg.broadcast`` as ``dist.broadcast`` calls it (``src`` on the default group only).
 
     Written out as :func:`allreduce` is (no ``_ready`` or ``_floor`` call, each tensor property
-    read once): a tiny broadcast read 1-3 us more than a tiny all_reduce through ``_ready``.
+    read once): through them a tiny broadcast read about 4 us more (benchmarks/README.md).
     """
     if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
         return SKIP
