@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 import distcompat.distributed as dist
-from distcompat.collectives import _agree, unchecked
+from distcompat.collectives import _agree, _direct, unchecked
 from distcompat.testing import run_on_ranks
 
 
@@ -49,3 +49,12 @@ def test_fast_all_reduce_numbers_calls_as_count_does() -> None:
         assert found["fast"][0] == found["paused_seq"]  # unchecked(): not numbered
         assert found["new_steps"] == 2  # SUM after SUM, MAX after SUM: checked, remembered
         assert found["value"] == 64.0  # six sums of two ranks' equal values, one max
+
+
+def _default_groups() -> bool:
+    return _direct._WORLD._default_pg is dist.GroupMember.WORLD is not None
+
+
+def test_the_default_group_is_read_where_torch_keeps_it() -> None:
+    """The fast paths' shortcut to torch's default group names the same group as the property."""
+    assert all(run_on_ranks(_default_groups, 2, timeout=60))

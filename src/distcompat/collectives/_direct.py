@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 from torch.overrides import has_torch_function
 
 from distcompat.collectives import _agree, _checked, _probed, _shm_path
@@ -62,6 +63,23 @@ __all__ = ["SKIP", "allgather", "allreduce", "alltoall", "broadcast", "reducesca
 #: identity (torch hands out these objects; an equal copy takes the general path): a pybind
 #: enum's hash costs about 0.25 us, a tenth of the whole check.
 _SUM, _MIN, _MAX = dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX
+
+
+class _ViaProperty:
+    """Stands in for torch's ``_world`` where that has no ``_default_pg``: the public property."""
+
+    @property
+    def _default_pg(self) -> Any:
+        return dist.GroupMember.WORLD
+
+
+#: Where the fast paths read the default group: torch's own record of it, without the two
+#: property calls of ``GroupMember.WORLD`` (which returns ``_world.default_pg``, which returns
+#: ``_world._default_pg``): 1.5-3 us of a tiny call right after a wait (benchmarks/README.md).
+#: tests/test_collectives_direct.py checks that both name the same group.
+_WORLD: Any = (
+    _c10d._world if hasattr(getattr(_c10d, "_world", None), "_default_pg") else _ViaProperty()
+)
 
 
 class _Skip(enum.Enum):
@@ -80,7 +98,7 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
     capability-probe results installed (each could change what is sent); a tensor that is not a
     plain dense CPU tensor of a dtype moved natively, or that torch would dispatch elsewhere.
     """
-    pg = group if group is not None else dist.GroupMember.WORLD
+    pg = group if group is not None else _WORLD._default_pg
     last = _agree.last
     if last is None or last[0]() is not pg or _checked._general or _probed._any:
         return pg, None
@@ -218,7 +236,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         return SKIP  # a subclass; checked mode, a region or a declared hang; probe results
     # the op by identity (a pybind enum's hash costs more than the rest of this line)
     name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
-    pg = group if group is not None else dist.GroupMember.WORLD
+    pg = group if group is not None else _WORLD._default_pg
     last = _agree.last
     dtype = tensor.dtype
     if (
@@ -285,7 +303,7 @@ def broadcast(
     """
     if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
         return SKIP
-    pg = group if group is not None else dist.GroupMember.WORLD
+    pg = group if group is not None else _WORLD._default_pg
     last = _agree.last
     dtype = tensor.dtype
     if (
@@ -369,7 +387,7 @@ def alltoall(
         or _probed._any
     ):
         return SKIP
-    pg = group if group is not None else dist.GroupMember.WORLD
+    pg = group if group is not None else _WORLD._default_pg
     last = _agree.last
     dtype = input.dtype
     if (
