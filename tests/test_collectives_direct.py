@@ -58,3 +58,48 @@ def _default_groups() -> bool:
 def test_the_default_group_is_read_where_torch_keeps_it() -> None:
     """The fast paths' shortcut to torch's default group names the same group as the property."""
     assert all(run_on_ranks(_default_groups, 2, timeout=60))
+
+
+def _reuse() -> dict[str, Any]:
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(1))  # the group's first call looks it up (general path)
+    _direct._spare_rows.clear()
+    out = torch.empty(3)
+    results = []
+    for step in range(4):  # sync calls: the second onwards receives into the first's buffer
+        data = torch.arange(6.0) * (rank + 1) + step
+        dist.reduce_scatter_tensor(out, data)
+        results.append(out.tolist())
+    kept = [id(rows) for rows in _direct._spare_rows[(torch.float32, 2, 3)]]
+    # two in flight at once: each needs a buffer of its own
+    first, second = torch.empty(3), torch.empty(3)
+    a = dist.reduce_scatter_tensor(first, torch.full((6,), 1.0 + rank), async_op=True)
+    b = dist.reduce_scatter_tensor(second, torch.full((6,), 10.0 * (rank + 1)), async_op=True)
+    b.wait()
+    a.wait()
+    maxed = torch.empty(2)
+    dist.reduce_scatter_tensor(
+        maxed, torch.tensor([rank, -rank, 5.0, 2.0 * rank]), op=dist.ReduceOp.MAX
+    )
+    return {
+        "results": results,
+        "kept": len(kept),
+        "async": (first.tolist(), second.tolist()),
+        "kept_after": len(_direct._spare_rows[(torch.float32, 2, 3)]),
+        "max": maxed.tolist(),
+    }
+
+
+def test_reduce_scatter_reuses_only_finished_receive_buffers() -> None:
+    """Tiny reduce-scatters keep their receive buffer for the next call, never one in use."""
+    found = run_on_ranks(_reuse, 2, timeout=60)
+    for rank, got in enumerate(found):
+        for step, result in enumerate(got["results"]):
+            data = [(torch.arange(6.0) * (r + 1) + step) for r in range(2)]
+            expected = (data[0] + data[1])[3 * rank : 3 * rank + 3].tolist()
+            assert result == expected
+        assert got["kept"] == 1  # one sync call at a time: one buffer, reused
+        assert got["async"] == ([3.0] * 3, [30.0] * 3)
+        assert got["kept_after"] == 2  # the two async calls each had their own
+    assert found[0]["max"] == [1.0, 0.0]
+    assert found[1]["max"] == [5.0, 2.0]

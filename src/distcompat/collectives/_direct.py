@@ -33,8 +33,9 @@ pre-call refuses the call.
 Each Python call or object made here costs a tiny collective several times its warm cost, since
 it runs right after a wait with cold caches (benchmarks/README.md): hence options objects made
 once, the ReduceOp compared by identity, the synchronous wait written out in each function, and
-the common-case checks written out in ``allreduce``, ``broadcast`` and ``alltoall`` (through
-``_ready`` a tiny broadcast or all-to-all read about 4 us more). ``allreduce``, the most common
+the common-case checks written out in ``allreduce``, ``broadcast``, ``alltoall`` and
+``reducescatter`` (through ``_ready`` a tiny broadcast or all-to-all read about 4 us more), and
+``reducescatter``'s receive buffers kept for reuse (``_spare_rows``). ``allreduce``, the most common
 call, also counts its call for the mismatch check in place (``_agree.count`` written out, held
 to it by tests/test_collectives_direct.py).
 """
@@ -481,63 +482,123 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
 
 
+#: Receive buffers of finished tiny reduce-scatters, by (dtype, ranks, chunk elements): a fresh
+#: ``new_empty`` cost 2 us of a 4-byte call (benchmarks/README.md). A buffer comes back here
+#: only after its rows were reduced (the backend is done with it); a failed call's is dropped.
+#: At most ``_SPARE_KEYS`` sizes and ``_SPARE_EACH`` buffers of each (all below the shared-memory
+#: path's floor) are kept.
+_spare_rows: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
+_SPARE_KEYS = 32
+_SPARE_EACH = 4
+
+
+def _fold_rows(rows: torch.Tensor, out: torch.Tensor, name: str, key: Any) -> None:
+    """Reduce ``rows`` (row r: rank r's chunk) into ``out``, then keep ``rows`` for reuse."""
+    if name == "SUM":
+        torch.sum(rows, 0, out=out)  # written into the output: no temporary, no copy
+    elif name == "MAX":
+        torch.amax(rows, 0, out=out)
+    else:
+        torch.amin(rows, 0, out=out)
+    spare = _spare_rows.get(key)
+    if spare is None:
+        if len(_spare_rows) < _SPARE_KEYS:
+            _spare_rows[key] = [rows]
+    elif len(spare) < _SPARE_EACH:
+        spare.append(rows)
+
+
 def reducescatter(
     output: torch.Tensor, input: torch.Tensor, op: Any, group: Any, async_op: bool
 ) -> Outcome:
     """Reduce-scatter with SUM, MIN or MAX as the general path does, without its staging.
 
-    ``all_to_all_single`` of the flat input, then the same local reduction over the rows
-    (``_reduce_ops.local_reduce``: bit-identical results), for contiguous tensors below the
-    shared-memory path's floor. gloo's own reduce_scatter took longer than its all-to-all
-    here (benchmarks/README.md), and has no future.
+    ``all_to_all_single`` of the flat input into a (world, chunk) buffer, then the same local
+    reduction over the rows (``_reduce_ops.local_reduce``: bit-identical results), for
+    contiguous tensors below the shared-memory path's floor. gloo's own reduce_scatter took
+    longer than its all-to-all here (benchmarks/README.md), and has no future. Written out as
+    :func:`allreduce` is; the receive buffer comes from :data:`_spare_rows` when one is free.
     """
-    if type(input) is not torch.Tensor or type(output) is not torch.Tensor or _checked._general:
-        return SKIP
-    name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
-    pg, state = _ready(group, input, output)
     if (
-        name is None
-        or state is None
-        or input.dtype not in REDUCE_NATIVE
-        or input.dtype != output.dtype
-        or input.numel() != state.world * output.numel()  # the general path says what is wrong
-        or input.nbytes >= _floor("reduce_scatter_tensor", state.world)
+        type(input) is not torch.Tensor
+        or type(output) is not torch.Tensor
+        or _checked._general
+        or _probed._any
     ):
         return SKIP
+    name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
+    pg = group if group is not None else _WORLD._default_pg
+    last = _agree.last
+    dtype = input.dtype
+    if (
+        name is None
+        or last is None
+        or pg is not last[0]()
+        or dtype not in REDUCE_NATIVE
+        or output.dtype is not dtype
+        or not input.is_cpu
+        or not output.is_cpu
+        or not input.is_contiguous()
+        or not output.is_contiguous()
+        or has_torch_function((input, output))
+    ):
+        return SKIP
+    state = last[1]
+    world = state.world
+    count = output.numel()
+    numel = input.numel()
+    if numel != world * count:
+        return SKIP  # the general path says what is wrong
+    floor = _shm_path.floors.get(("reduce_scatter_tensor", world))  # inline: no call when known
+    if input.nbytes >= (
+        _shm_path.floor_bytes("reduce_scatter_tensor", world) if floor is None else floor
+    ):
+        return SKIP  # shared memory takes it
+    shape = input.shape
     watcher = _checked.watch
     raw = None
     if state.store is not None:
-        sig = ("reduce_scatter_tensor", input.dtype, input.shape, name, None)
+        sig = ("reduce_scatter_tensor", dtype, shape, name, None)
         counted = _agree.count(state, sig)
         if counted is not None:  # as in allreduce
             if watcher is not None:
-                raw = watcher.note(
-                    "reduce_scatter_tensor", input.shape, input.dtype, group, name, None
-                )
+                raw = watcher.note("reduce_scatter_tensor", shape, dtype, group, name, None)
             _agree.check(state, counted, sig, group)
-    flat = input if input.dim() == 1 else input.view(-1)
-    rows = input.new_empty((state.world, output.numel()))  # row r: rank r's chunk for this rank
+    key = (dtype, world, count)
+    try:
+        rows = _spare_rows[key].pop()
+    except (KeyError, IndexError):  # none kept yet, or all in use
+        rows = input.new_empty((world, count))  # row r: rank r's chunk for this rank
     exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
     try:
         # even splits: one row of ``rows`` from each rank
+        flat = input if input.dim() == 1 else input.view(-1)
         work = exchange(pg, rows, flat, [], [], _a2a_opts or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "reduce_scatter_tensor", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
-        shape, dtype = input.shape, input.dtype
         raw = [None, "reduce_scatter_tensor", group, shape, dtype, name, None, None, _monotonic()]
         queue = watcher.queue
         queue.append(raw)
         if len(queue) >= _DRAIN_AT:
             watcher.drain()
     out_flat = output if output.dim() == 1 else output.view(-1)  # out= must not resize it
-
-    def combine() -> None:  # the reduction written into the output: no temporary, no copy
-        if name == "SUM":
-            torch.sum(rows, 0, out=out_flat)
-        elif name == "MAX":
-            torch.amax(rows, 0, out=out_flat)
-        else:
-            torch.amin(rows, 0, out=out_flat)
-
-    return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw, combine)
+    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        try:
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
+        except RuntimeError as exc:
+            _late(exc, work, "reduce_scatter_tensor", group, watcher, raw)
+        _fold_rows(rows, out_flat, name, key)
+        return None
+    return _settle(
+        work,
+        "reduce_scatter_tensor",
+        group,
+        [output],
+        async_op,
+        watcher,
+        raw,
+        lambda: _fold_rows(rows, out_flat, name, key),
+    )
