@@ -4,7 +4,7 @@
 
 The demo's 1 -> 2 rank ratio (``bench_demo.py``) stays under 2x for reasons that are not all the
 collectives'. This runs the demo's model and batch (``bench_demo.py``'s configuration: batch 32,
-sequence 256, 4 layers of 128, one thread per rank) five ways, each in a fresh process tree,
+sequence 256, 4 layers of 128, one thread per rank) seven ways, each in a fresh process tree,
 interleaved round by round (the order reversed every other round), and times every step phase:
 
 - ``one``: one rank alone (the 1-rank demo's step);
@@ -13,7 +13,10 @@ interleaved round by round (the order reversed every other round), and times eve
   step: in step with each other, but with no gradient sync at all;
 - ``free``: the same 2 ranks without the barrier (they drift out of phase);
 - ``demo``: 2 ranks as the demo trains (``ZeroAdamW``: reduce-scatter during backward, AdamW on
-  the shard, all-gather), with distcompat's defaults.
+  the shard, all-gather), with distcompat's defaults;
+- ``lockstep_bound``, ``demo_bound``: ``lockstep`` and ``demo`` with each rank bound to a CPU
+  of its own (``os.sched_setaffinity``, Linux), to see whether binding lifts the ratio. ``one``
+  is not bound, as a 1-rank demo is not.
 
 Per variant and round it prints each rank's median step phases and per-thread CPU times:
 ``fwd_cpu`` is the main thread's CPU time in the forward pass, where no collective runs, so a
@@ -45,6 +48,8 @@ VARIANTS: dict[str, tuple[int, int, str]] = {
     "lockstep": (2, 1, "barrier"),
     "free": (2, 1, "free"),
     "demo": (2, 1, "demo"),
+    "lockstep_bound": (2, 1, "barrier-bound"),
+    "demo_bound": (2, 1, "demo-bound"),
 }
 _SKIP = 3  # warm-up steps not counted
 
@@ -59,6 +64,11 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
     from distcompat.demo._config import DemoConfig
 
     torch.set_num_threads(1)  # as the demo: one thread per rank
+    if mode.endswith("-bound"):  # one CPU per rank: every thread now, and those started later
+        mode = mode.removesuffix("-bound")
+        cpus = sorted(os.sched_getaffinity(0))
+        for thread in os.listdir("/proc/self/task"):
+            os.sched_setaffinity(int(thread), {cpus[int(os.environ["RANK"]) % len(cpus)]})
     config = DemoConfig(out=Path(out), steps=steps, batch_size=32, seq_len=256)
     info = distcompat.init_distributed(device="cpu")
     corpus = _train._prepare_corpus(config)
