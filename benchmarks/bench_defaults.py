@@ -8,6 +8,17 @@ local gloo ranks, once with default settings and once with both set to ``off``; 
 alternates between rounds so drift in machine load hits both alike. The figure is the demo's own
 tokens/s (steps after warm-up); the budget (issue 15) is the defaults within 1 % of everything
 off. Writes ``benchmarks/results/defaults_cost.json``.
+
+Whole runs scatter by up to a quarter on a shared 2-core VM, which hides 1 %. ``--pairs N``
+measures it step by step instead: one 2-rank process tree runs the demo's model and batch (as
+``bench_lockstep.py``) for N pairs of training steps, one step with the protections on and one
+with them off, by turns (the order alternating), so the machine's drift falls on both sides of a
+pair alike. "Off" removes the watchdog's hooks for the step (``_checked.set_hooks(None, None)``,
+which is what an unset watchdog leaves) and pauses the mismatch check (``unchecked()``). The
+watchdog's thread keeps running through both, so its CPU time is measured on its own (its
+thread's CPU clock) and reported as a share of the run. Writes ``defaults_steps.json``::
+
+    python benchmarks/bench_defaults.py --pairs 60
 """
 
 from __future__ import annotations
@@ -17,12 +28,210 @@ import json
 import os
 import statistics
 import tempfile
+import threading
+import time
 from pathlib import Path
+from typing import Any
 
 from bench_demo import machine_facts, run_once
 
 RESULTS = Path(__file__).resolve().parent / "results" / "defaults_cost.json"
+STEPS_RESULTS = RESULTS.with_name("defaults_steps.json")
 OFF = {"DISTCOMPAT_WATCHDOG": "off", "DISTCOMPAT_MISMATCH_CHECK": "off"}
+_WARMUP_STEPS = 3
+
+
+def _steps_ab(out: str, pairs: int) -> dict[str, Any]:
+    """On each rank: ``pairs`` pairs of demo training steps, protections on and off by turns."""
+    import torch
+
+    import distcompat
+    from distcompat.collectives import _checked, unchecked
+    from distcompat.demo import _train
+    from distcompat.demo._config import DemoConfig
+
+    torch.set_num_threads(1)  # as the demo: one thread per rank
+    config = DemoConfig(out=Path(out), steps=2 * pairs + _WARMUP_STEPS, batch_size=32, seq_len=256)
+    info = distcompat.init_distributed(device="cpu")
+    corpus = _train._prepare_corpus(config)
+    trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
+    pre_call, watcher, hooked = _checked._pre_call, _checked.watch, _checked._hooked
+    assert watcher is not None, "the default watchdog is expected on"
+    thread = next(t for t in threading.enumerate() if t.name == "distcompat-watchdog")
+    assert thread.ident is not None
+    clock = time.pthread_getcpuclockid(thread.ident)
+
+    def step_on() -> float:
+        return trainer.train_step().step_ms
+
+    def step_off() -> float:
+        _checked.set_hooks(None, None)
+        try:
+            with unchecked():
+                return trainer.train_step().step_ms
+        finally:
+            _checked.set_hooks(pre_call, watcher, general=hooked)
+
+    for _ in range(_WARMUP_STEPS):
+        trainer.train_step()
+    cpu0, wall0 = time.clock_gettime(clock), time.perf_counter()
+    on: list[float] = []
+    off: list[float] = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            on.append(step_on())
+            off.append(step_off())
+        else:
+            off.append(step_off())
+            on.append(step_on())
+    watchdog_cpu = time.clock_gettime(clock) - cpu0
+    wall = time.perf_counter() - wall0
+    shapes = [p.numel() for p in trainer.model.parameters()]
+    trainer.close()
+    replay_on, replay_off = _replay(shapes, 10 * pairs)
+    return {
+        "on_ms": on,
+        "off_ms": off,
+        "watchdog_cpu_s": watchdog_cpu,
+        "wall_s": wall,
+        "replay_on_ms": replay_on,
+        "replay_off_ms": replay_off,
+        "collectives_per_step": 2 * len(shapes) + 1,
+    }
+
+
+def _replay(sizes: list[int], pairs: int) -> tuple[list[float], list[float]]:
+    """The demo step's collectives alone, protections on and off by turns; ms per step.
+
+    Per step, as ``ZeroAdamW`` and the loss average issue them: an async AVG all_reduce of one
+    float, an async AVG reduce_scatter_tensor of each parameter's (padded) gradient, then an
+    async all_gather_into_tensor of each shard, every handle waited on. No compute, so the
+    protections' own cost per step stands out of the noise of a 1-second training step. "Off"
+    switches as in :func:`_steps_ab`.
+    """
+    import torch
+
+    import distcompat.distributed as dist
+    from distcompat.collectives import _checked, unchecked
+
+    world = dist.get_world_size()
+    grads = [torch.zeros(-(-n // world) * world) for n in sizes]
+    shards = [torch.empty(g.numel() // world) for g in grads]
+    fulls = [torch.empty(g.numel()) for g in grads]
+    loss = torch.ones(1)
+    avg = dist.ReduceOp.AVG
+
+    def collectives() -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        mean = dist.all_reduce(loss, op=avg, async_op=True)
+        works = [
+            dist.reduce_scatter_tensor(s, g, op=avg, async_op=True)
+            for s, g in zip(shards, grads, strict=True)
+        ]
+        for work in works:
+            work.wait()
+        gathers = [
+            dist.all_gather_into_tensor(f, s, async_op=True)
+            for f, s in zip(fulls, shards, strict=True)
+        ]
+        for work in gathers:
+            work.wait()
+        mean.wait()
+        return (time.perf_counter() - start) * 1e3
+
+    pre_call, watcher, hooked = _checked._pre_call, _checked.watch, _checked._hooked
+
+    def off() -> float:
+        _checked.set_hooks(None, None)
+        try:
+            with unchecked():
+                return collectives()
+        finally:
+            _checked.set_hooks(pre_call, watcher, general=hooked)
+
+    for _ in range(5):
+        collectives(), off()
+    on_ms: list[float] = []
+    off_ms: list[float] = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            on_ms.append(collectives())
+            off_ms.append(off())
+        else:
+            off_ms.append(off())
+            on_ms.append(collectives())
+    return on_ms, off_ms
+
+
+def _median_interval(values: list[float]) -> tuple[float, float, float]:
+    """The median and a ~95 % interval for it from order statistics (binomial, n >= 10)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half = 0.98 * n**0.5  # 1.96 * sqrt(n) / 2
+    low = max(0, int(n / 2 - half))
+    high = min(n - 1, int(n / 2 + half + 0.999))
+    return statistics.median(ordered), ordered[low], ordered[high]
+
+
+def _by_steps(options: argparse.Namespace) -> None:
+    from distcompat.testing import run_on_ranks
+
+    with tempfile.TemporaryDirectory(prefix="bench-defaults-steps-") as tmp:
+        ranks = run_on_ranks(_steps_ab, 2, args=(tmp, options.pairs), timeout=3600)
+    per_rank = []
+    for rank, got in enumerate(ranks):
+        ratios = [a / b for a, b in zip(got["on_ms"], got["off_ms"], strict=True)]
+        median, low, high = _median_interval(ratios)
+        share = got["watchdog_cpu_s"] / got["wall_s"]
+        replay = [a - b for a, b in zip(got["replay_on_ms"], got["replay_off_ms"], strict=True)]
+        extra_ms, extra_low, extra_high = _median_interval(replay)
+        step_ms = statistics.median(got["on_ms"] + got["off_ms"])
+        per_rank.append(
+            {
+                "rank": rank,
+                "pairs": len(ratios),
+                "on_step_ms_median": statistics.median(got["on_ms"]),
+                "off_step_ms_median": statistics.median(got["off_ms"]),
+                "ratio_on_over_off_median": median,
+                "ratio_95_interval": [low, high],
+                "watchdog_cpu_share": share,
+                "collectives_per_step": got["collectives_per_step"],
+                "replay_on_ms_median": statistics.median(got["replay_on_ms"]),
+                "replay_off_ms_median": statistics.median(got["replay_off_ms"]),
+                "replay_extra_ms_median": extra_ms,
+                "replay_extra_95_interval_ms": [extra_low, extra_high],
+                "replay_extra_share_of_step": extra_ms / step_ms,
+                "raw": got,
+            }
+        )
+        print(
+            f"rank {rank}: step on {per_rank[-1]['on_step_ms_median']:.0f} ms, off "
+            f"{per_rank[-1]['off_step_ms_median']:.0f} ms; on/off per pair: median "
+            f"{median:.4f} ({low:.4f}-{high:.4f}, ~95 %); watchdog thread CPU "
+            f"{share * 100:.3f} % of the run",
+            flush=True,
+        )
+        print(
+            f"rank {rank}: the step's {got['collectives_per_step']} collectives alone: on "
+            f"{per_rank[-1]['replay_on_ms_median']:.2f} ms, off "
+            f"{per_rank[-1]['replay_off_ms_median']:.2f} ms; on - off per pair: median "
+            f"{extra_ms:+.3f} ms ({extra_low:+.3f} to {extra_high:+.3f}), "
+            f"{extra_ms / step_ms * 100:+.3f} % of a {step_ms:.0f} ms step",
+            flush=True,
+        )
+    summary = {
+        "what": "demo training steps on 2 gloo ranks, default protections on and off by turns "
+        "in one process tree (off: watchdog hooks removed, mismatch check paused)",
+        "config": {"pairs": options.pairs, "warmup_steps": _WARMUP_STEPS},
+        "goal": "on/off <= 1.01",
+        "ranks": per_rank,
+        **machine_facts(),
+    }
+    output = options.output if options.output != RESULTS else STEPS_RESULTS
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(summary, indent=2) + "\n")
+    print(f"wrote {output}")
 
 
 def main() -> None:
@@ -36,9 +245,15 @@ def main() -> None:
     parser.add_argument("--n-embd", type=int, default=128)
     parser.add_argument("--n-head", type=int, default=4)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="step by step instead: this many on/off step pairs"
+    )
     options = parser.parse_args()
     for name in OFF:  # the "defaults" side must see distcompat's own defaults
         os.environ.pop(name, None)
+    if options.pairs:
+        _by_steps(options)
+        return
 
     runs: dict[str, list[dict[str, float]]] = {"defaults": [], "off": []}
     ratios = []
