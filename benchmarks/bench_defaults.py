@@ -30,6 +30,7 @@ import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +42,49 @@ OFF = {"DISTCOMPAT_WATCHDOG": "off", "DISTCOMPAT_MISMATCH_CHECK": "off"}
 _WARMUP_STEPS = 3
 
 
+def _protections_off(fn: Callable[[], float]) -> Callable[[], float]:
+    """Return ``fn`` made to run with the protections off; every rank must switch alike.
+
+    Off: the watchdog's hooks removed, as an unset watchdog leaves them, and the mismatch check
+    paused (``unchecked()``); both put back after each call.
+    """
+    from distcompat.collectives import _checked, unchecked
+
+    pre_call, watcher, hooked = _checked._pre_call, _checked.watch, _checked._hooked
+    assert watcher is not None, "the default watchdog is expected on"
+
+    def off() -> float:
+        _checked.set_hooks(None, None)
+        try:
+            with unchecked():
+                return fn()
+        finally:
+            _checked.set_hooks(pre_call, watcher, general=hooked)
+
+    return off
+
+
+def _by_turns(
+    on: Callable[[], float], off: Callable[[], float], pairs: int
+) -> tuple[list[float], list[float]]:
+    """Run ``on`` and ``off`` ``pairs`` times each by turns, the order alternating per pair."""
+    on_ms: list[float] = []
+    off_ms: list[float] = []
+    for index in range(pairs):
+        if index % 2 == 0:
+            on_ms.append(on())
+            off_ms.append(off())
+        else:
+            off_ms.append(off())
+            on_ms.append(on())
+    return on_ms, off_ms
+
+
 def _steps_ab(out: str, pairs: int) -> dict[str, Any]:
     """On each rank: ``pairs`` pairs of demo training steps, protections on and off by turns."""
     import torch
 
     import distcompat
-    from distcompat.collectives import _checked, unchecked
     from distcompat.demo import _train
     from distcompat.demo._config import DemoConfig
 
@@ -55,35 +93,17 @@ def _steps_ab(out: str, pairs: int) -> dict[str, Any]:
     info = distcompat.init_distributed(device="cpu")
     corpus = _train._prepare_corpus(config)
     trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
-    pre_call, watcher, hooked = _checked._pre_call, _checked.watch, _checked._hooked
-    assert watcher is not None, "the default watchdog is expected on"
     thread = next(t for t in threading.enumerate() if t.name == "distcompat-watchdog")
     assert thread.ident is not None
     clock = time.pthread_getcpuclockid(thread.ident)
 
-    def step_on() -> float:
+    def step() -> float:
         return trainer.train_step().step_ms
 
-    def step_off() -> float:
-        _checked.set_hooks(None, None)
-        try:
-            with unchecked():
-                return trainer.train_step().step_ms
-        finally:
-            _checked.set_hooks(pre_call, watcher, general=hooked)
-
     for _ in range(_WARMUP_STEPS):
-        trainer.train_step()
+        step()
     cpu0, wall0 = time.clock_gettime(clock), time.perf_counter()
-    on: list[float] = []
-    off: list[float] = []
-    for index in range(pairs):
-        if index % 2 == 0:
-            on.append(step_on())
-            off.append(step_off())
-        else:
-            off.append(step_off())
-            on.append(step_on())
+    on, off = _by_turns(step, _protections_off(step), pairs)
     watchdog_cpu = time.clock_gettime(clock) - cpu0
     wall = time.perf_counter() - wall0
     shapes = [p.numel() for p in trainer.model.parameters()]
@@ -106,13 +126,11 @@ def _replay(sizes: list[int], pairs: int) -> tuple[list[float], list[float]]:
     Per step, as ``ZeroAdamW`` and the loss average issue them: an async AVG all_reduce of one
     float, an async AVG reduce_scatter_tensor of each parameter's (padded) gradient, then an
     async all_gather_into_tensor of each shard, every handle waited on. No compute, so the
-    protections' own cost per step stands out of the noise of a 1-second training step. "Off"
-    switches as in :func:`_steps_ab`.
+    protections' own cost per step stands out of the noise of a 1-second training step.
     """
     import torch
 
     import distcompat.distributed as dist
-    from distcompat.collectives import _checked, unchecked
 
     world = dist.get_world_size()
     grads = [torch.zeros(-(-n // world) * world) for n in sizes]
@@ -140,28 +158,10 @@ def _replay(sizes: list[int], pairs: int) -> tuple[list[float], list[float]]:
         mean.wait()
         return (time.perf_counter() - start) * 1e3
 
-    pre_call, watcher, hooked = _checked._pre_call, _checked.watch, _checked._hooked
-
-    def off() -> float:
-        _checked.set_hooks(None, None)
-        try:
-            with unchecked():
-                return collectives()
-        finally:
-            _checked.set_hooks(pre_call, watcher, general=hooked)
-
+    off = _protections_off(collectives)
     for _ in range(5):
         collectives(), off()
-    on_ms: list[float] = []
-    off_ms: list[float] = []
-    for index in range(pairs):
-        if index % 2 == 0:
-            on_ms.append(collectives())
-            off_ms.append(off())
-        else:
-            off_ms.append(off())
-            on_ms.append(collectives())
-    return on_ms, off_ms
+    return _by_turns(collectives, off, pairs)
 
 
 def _median_interval(values: list[float]) -> tuple[float, float, float]:
