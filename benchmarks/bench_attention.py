@@ -1,15 +1,19 @@
-"""Time each CPU attention implementation and the dispatched choice, plus dispatch overhead.
+"""Time each attention implementation and the dispatched choice, plus dispatch overhead.
 
 Usage::
 
     .venv/bin/python benchmarks/bench_attention.py               # B4 H8 T1024 D64, >= 5 rounds
     .venv/bin/python benchmarks/bench_attention.py --seq 256 --rounds 5 --no-flex
+    python benchmarks/bench_attention.py --device cuda --dtypes bfloat16   # on a GPU machine
 
 Cases: causal, sliding window (255, 0), GQA 4:1 causal, decode (Tq = 1 against Tk keys). Each
 implementation is forced with DISTCOMPAT_ATTENTION; ``auto`` is the dispatched choice. Runs are
 interleaved (every implementation once per round, in a rotating order) so load drift hits all;
 the table shows the best round of each (least disturbed by other load). flex has no backward
-on CPU, so it is timed forward only.
+on CPU, so it is timed forward only; on CUDA it is compiled (the first call, untimed, compiles).
+FlashAttention packages (FA2/FA3/FA4) get a column each where they import. On CUDA each timed
+call ends with ``torch.cuda.synchronize()``. An implementation that raises on a case is shown as
+``err`` and its first error line printed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from distcompat.attention import attend, explain_attention
+from distcompat.attention._kernels import probe_kernel
 
 Case = tuple[str, int, int, int, bool, tuple[int, int] | None]  # name, Hkv, Tq, Tk, causal, window
 
@@ -42,7 +47,7 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     scores = (q @ k.transpose(-2, -1)) / q.shape[-1] ** 0.5
     if causal:
         tq, tk = scores.shape[-2:]
-        keep = torch.ones(tq, tk, dtype=torch.bool).tril(tk - tq)
+        keep = torch.ones(tq, tk, dtype=torch.bool, device=q.device).tril(tk - tq)
         scores = scores.masked_fill(~keep, float("-inf"))
     return torch.softmax(scores, dim=-1) @ v
 
@@ -50,17 +55,30 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
 def timed(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # GPU kernels run after the call returns
     return time.perf_counter() - start
+
+
+def flash_impls() -> list[str]:
+    """The FlashAttention builds that import in this process (they only run on CUDA)."""
+    return [name for name in ("fa2", "fa3", "fa4") if probe_kernel(name).available]
 
 
 def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backward: bool) -> None:
     name, hkv, tq, tk, causal, window = case
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(args.batch, args.heads, tq, args.dim, generator=gen).to(dtype)
-    k, v = (torch.randn(args.batch, hkv, tk, args.dim, generator=gen).to(dtype) for _ in range(2))
+    device = torch.device(args.device)
+    q = torch.randn(args.batch, args.heads, tq, args.dim, generator=gen).to(device, dtype)
+    k, v = (
+        torch.randn(args.batch, hkv, tk, args.dim, generator=gen).to(device, dtype)
+        for _ in range(2)
+    )
     if backward:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-    impls = ["auto", "sdpa", "math"] + ([] if backward or args.no_flex else ["flex"])
+    flex = not args.no_flex and (device.type == "cuda" or not backward)
+    impls = ["auto", "sdpa", "math"] + (["flex"] if flex else [])
+    impls += flash_impls() if device.type == "cuda" else []
     if window is None:
         impls.append("naive")
 
@@ -73,11 +91,16 @@ def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backwar
         if backward:
             out.sum().backward()  # type: ignore[no-untyped-call]
 
+    # Warm-up (flex builds its block mask or compiles, caches fill); fast cases get more rounds
+    # so that every implementation gets about half a second of samples.
+    tried = list(impls)
+    for impl in tried:
+        try:
+            run(impl)
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as exc:
+            print(f"<!-- {name} {dtype} {impl}: {str(exc).splitlines()[0][:160]} -->")
+            impls.remove(impl)
     times: dict[str, list[float]] = {impl: [] for impl in impls}
-    # Warm-up (flex builds its block mask, caches fill); fast cases get more rounds so that
-    # every implementation gets about half a second of samples.
-    for impl in impls:
-        run(impl)
     slowest = max(timed(lambda impl=impl: run(impl)) for impl in impls)  # type: ignore[misc]
     for round_ in range(min(200, max(args.rounds, int(0.5 / slowest)))):
         shift = round_ % len(impls)  # rotate the order: no implementation always runs first
@@ -88,19 +111,24 @@ def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backwar
     best_ms = {impl: min(ts) * 1e3 for impl, ts in times.items()}
     best = min(ms for impl, ms in best_ms.items() if impl not in ("auto", "naive"))
     chosen = explain_attention(q, k, v, causal=causal, window=window).impl
-    cells = " | ".join(f"{best_ms[i]:.1f}" if i in best_ms else "-" for i in COLUMNS)
+    shown = COLUMNS + tuple(flash_impls() if device.type == "cuda" else ())
+    cells = " | ".join(
+        f"{best_ms[i]:.2f}" if i in best_ms else "err" if i in tried else "-" for i in shown
+    )
     mode = "fwd+bwd" if backward else "fwd"
     dt = str(dtype).removeprefix("torch.")
-    pick = best / best_ms[chosen]  # quality of the choice, free of dispatch cost and noise in auto
-    ratios = f"{pick:.2f}x | {best / best_ms['auto']:.2f}x"
-    print(f"| {name} | {dt} | {mode} | {cells} | {chosen} | {ratios} |")
+    # best/chosen: the quality of the choice, free of dispatch cost and of noise in auto
+    ratios = " | ".join(
+        f"{best / best_ms[i]:.2f}x" if i in best_ms else "err" for i in (chosen, "auto")
+    )
+    print(f"| {name} | {dt} | {mode} | {cells} | {chosen} | {ratios} |", flush=True)
 
 
 COLUMNS = ("auto", "sdpa", "math", "flex", "naive")
 
 
-def dispatch_overhead(calls: int) -> None:
-    q = torch.randn(1, 2, 4, 8)
+def dispatch_overhead(calls: int, device: torch.device) -> None:
+    q = torch.randn(1, 2, 4, 8, device=device)
     explain_attention(q, q, q, causal=True)  # warm the cache
     start = time.perf_counter()
     for _ in range(calls):
@@ -123,22 +151,32 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--no-flex", action="store_true", help="skip eager flex (slow on CPU)")
+    parser.add_argument("--no-flex", action="store_true", help="skip flex (eager: slow on CPU)")
     parser.add_argument("--dispatch-calls", type=int, default=20000)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda on a GPU machine")
+    parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ms (best of rounds)")
+    device = torch.device(args.device)
+    where = (
+        f"{torch.cuda.get_device_name(device)}"
+        if device.type == "cuda"
+        else f"{torch.get_num_threads()} threads"
+    )
+    print(f"torch {torch.__version__}, {where}, ms (best of rounds)")
     print(f"B{args.batch} H{args.heads} T{args.seq} D{args.dim}, at least {args.rounds} rounds\n")
+    columns = COLUMNS + tuple(flash_impls() if device.type == "cuda" else ())
     print(
         "| case | dtype | pass | "
-        + " | ".join(COLUMNS)
+        + " | ".join(columns)
         + " | auto chose | best/chosen | best/auto |"
     )
-    print("|---" * (len(COLUMNS) + 6) + "|")
+    print("|---" * (len(columns) + 6) + "|")
+    dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     for backward in (False, True):
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in dtypes:
             for case in cases(args.heads, args.seq):
                 bench_case(case, dtype, args, backward)
-    dispatch_overhead(args.dispatch_calls)
+    dispatch_overhead(args.dispatch_calls, device)
 
 
 if __name__ == "__main__":

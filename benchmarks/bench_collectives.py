@@ -4,6 +4,7 @@
     python benchmarks/bench_collectives.py --large-pairs 400    # the >= 1 MiB ratios only
     python benchmarks/bench_collectives.py --shm                # shared memory vs gloo
     python benchmarks/bench_collectives.py --tiny 4000          # 4 B calls, three ways
+    python benchmarks/bench_collectives.py --cuda               # on a GPU machine (see below)
 
 Per op and size (4 B to 64 MiB, float32, contiguous): p50/p95 latency of raw torch and of
 distcompat, interleaved call by call (the order alternating) so both see the same noise, with
@@ -15,11 +16,16 @@ and plots latency to latency.png if matplotlib is there.
 ``--shm``: the shared-memory path (``DISTCOMPAT_SHM=on``: every call through it) against raw
 gloo, per op and size, at 2 and 4 ranks, interleaved call by call; and which path
 ``DISTCOMPAT_SHM=auto`` picks for each (``collectives._shm_path.MIN_BYTES``).
+
+``--cuda``: the per-op table on CUDA tensors, on NCCL (1 rank: one GPU) and through gloo (2 ranks
+sharing the GPU); every timed call ends with ``torch.cuda.synchronize()``. Writes
+collectives_cuda.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -52,24 +58,27 @@ _GATHER = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_ten
 _SCATTER = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
 
 
-def _pair(op: str, nbytes: int, world: int) -> tuple[Callable[[], Any], Callable[[], Any], int]:
+def _pair(
+    op: str, nbytes: int, world: int, device: torch.device | None = None
+) -> tuple[Callable[[], Any], Callable[[], Any], int]:
     """(raw call, distcompat call, bytes counted for algbw) for one op and size."""
     n = max(1, nbytes // 4)
+    ones, empty = (functools.partial(make, device=device) for make in (torch.ones, torch.empty))
     if op == "all_reduce":
-        t = torch.ones(n)
+        t = ones(n)
         return (lambda: tdist.all_reduce(t)), (lambda: dc.all_reduce(t)), n * 4
     if op == "broadcast":
-        t = torch.ones(n)
+        t = ones(n)
         return (lambda: tdist.broadcast(t, src=0)), (lambda: dc.broadcast(t, src=0)), n * 4
     if op == "all_gather_into_tensor":
-        inp, out = torch.ones(n), torch.empty(n * world)
+        inp, out = ones(n), empty(n * world)
         raw = lambda: _GATHER(out, inp)  # noqa: E731
         return raw, (lambda: dc.all_gather_into_tensor(out, inp)), n * world * 4
     if op == "reduce_scatter_tensor":
-        inp, out = torch.ones(n * world), torch.empty(n)
+        inp, out = ones(n * world), empty(n)
         raw = lambda: _SCATTER(out, inp)  # noqa: E731
         return raw, (lambda: dc.reduce_scatter_tensor(out, inp)), n * world * 4
-    inp, out = torch.ones(n * world), torch.empty(n * world)
+    inp, out = ones(n * world), empty(n * world)
     raw = lambda: tdist.all_to_all_single(out, inp)  # noqa: E731
     return raw, (lambda: dc.all_to_all_single(out, inp)), n * world * 4
 
@@ -90,29 +99,67 @@ def _paired(base: list[float], other: list[float]) -> float:
     return _pct([b - a for a, b in zip(base, other, strict=True)], 0.5) * 1e6
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], Any], cuda: bool = False) -> float:
     tdist.barrier()
     start = time.perf_counter()
     fn()
+    if cuda:
+        torch.cuda.synchronize()  # NCCL and gloo's CUDA path return before the GPU is done
     return time.perf_counter() - start
 
 
 def measure(quick: bool) -> dict[str, Any]:
     """Runs on every rank; rank 0's timings are reported."""
+    wrapper = _wrapper_cost()
+    return {
+        "rows": _rows(quick),
+        "wrapper_us": wrapper["warm"],
+        "wrapper_cold_us": wrapper["cold"],
+        "coalesced": _coalesced(quick),
+        "overlap": _overlap(quick),
+    }
+
+
+def measure_cuda(quick: bool) -> dict[str, Any]:
+    """The per-op table on CUDA tensors, on whatever backend the pool's group has."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    return {
+        "backend": tdist.get_backend(),
+        "world": tdist.get_world_size(),
+        "device": torch.cuda.get_device_name(device),
+        "rows": _rows(quick, device),
+    }
+
+
+def _rows(quick: bool, device: torch.device | None = None) -> list[dict[str, Any]]:
     world = tdist.get_world_size()
+    cuda = device is not None and device.type == "cuda"
     rows = []
     for op in BUS:
         for nbytes in SIZES[:4] if quick else SIZES:
-            raw, ours, counted = _pair(op, nbytes, world)
-            raw(), ours()  # warm up both paths
+            raw, ours, counted = _pair(op, nbytes, world, device)
+            ours()  # warm up both paths
+            try:
+                raw()
+            except RuntimeError as exc:  # raw torch lacks it here (gloo on CUDA tensors, say)
+                t_ours = [_timed(ours, cuda) for _ in range(_reps(nbytes, quick))]
+                p50_ours = _pct(t_ours, 0.5)
+                rows.append(
+                    {
+                        "op": op, "bytes": nbytes, "raw_raises": str(exc).splitlines()[0][:120],
+                        "ours_p50_us": p50_ours * 1e6, "ours_p95_us": _pct(t_ours, 0.95) * 1e6,
+                        "busbw_GBps": counted / p50_ours / 1e9 * BUS[op](world),
+                    }
+                )  # fmt: skip
+                continue
             t_raw, t_ours = [], []
             for index in range(_reps(nbytes, quick)):  # the order alternates
                 if index % 2:
-                    t_ours.append(_timed(ours))
-                    t_raw.append(_timed(raw))
+                    t_ours.append(_timed(ours, cuda))
+                    t_raw.append(_timed(raw, cuda))
                 else:
-                    t_raw.append(_timed(raw))
-                    t_ours.append(_timed(ours))
+                    t_raw.append(_timed(raw, cuda))
+                    t_ours.append(_timed(ours, cuda))
             p50_raw, p50_ours = _pct(t_raw, 0.5), _pct(t_ours, 0.5)
             algbw = counted / p50_ours / 1e9
             rows.append(
@@ -125,14 +172,7 @@ def measure(quick: bool) -> dict[str, Any]:
                     "algbw_GBps": algbw, "busbw_GBps": algbw * BUS[op](world),
                 }
             )  # fmt: skip
-    wrapper = _wrapper_cost()
-    return {
-        "rows": rows,
-        "wrapper_us": wrapper["warm"],
-        "wrapper_cold_us": wrapper["cold"],
-        "coalesced": _coalesced(quick),
-        "overlap": _overlap(quick),
-    }
+    return rows
 
 
 #: Goals for distcompat's own cost (benchmarks/README.md): per call, and per tiny (4 B) call.
@@ -463,6 +503,22 @@ def measure_shm(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    print("| op | bytes | raw p50 us | distcompat p50 us | ratio | +us | busbw GB/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        if "raw_raises" in r:
+            print(
+                f"| {r['op']} | {r['bytes']} | raises: {r['raw_raises']} | "
+                f"{r['ours_p50_us']:.1f} | - | - | {r['busbw_GBps']:.3f} |"
+            )
+            continue
+        print(
+            f"| {r['op']} | {r['bytes']} | {r['raw_p50_us']:.1f} | {r['ours_p50_us']:.1f} | "
+            f"{r['ratio']:.3f} | {r['extra_us']:+.1f} | {r['busbw_GBps']:.3f} |"
+        )
+
+
 def _print_shm(rows: list[dict[str, Any]]) -> None:
     print("| ranks | op | bytes | gloo p50 us | shm p50 us | speedup | shm busbw GB/s | auto |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -516,7 +572,22 @@ def main() -> None:
         default=0,
         help="only the 4 B calls: raw, defaults and no watchdog, interleaved, this many rounds",
     )
+    parser.add_argument(
+        "--cuda", action="store_true", help="CUDA tensors: NCCL (1 rank) and gloo (2 ranks)"
+    )
     options = parser.parse_args()
+    if options.cuda:
+        runs = [
+            run_on_ranks(measure_cuda, 1, backend="nccl", args=(options.quick,), timeout=900)[0],
+            run_on_ranks(measure_cuda, 2, args=(options.quick,), timeout=900)[0],
+        ]
+        options.out.mkdir(parents=True, exist_ok=True)
+        found = {"torch": torch.__version__, "runs": runs}
+        (options.out / "collectives_cuda.json").write_text(json.dumps(found, indent=2))
+        for run in runs:
+            print(f"\n{run['backend']}, {run['world']} rank(s), CUDA tensors on {run['device']}")
+            _print_rows(run["rows"])
+        return
     if options.tiny:
         ranks = run_on_ranks(measure_tiny, 2, args=(options.tiny,), timeout=1800)
         options.out.mkdir(parents=True, exist_ok=True)
@@ -561,13 +632,7 @@ def main() -> None:
     result["torch"] = torch.__version__
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "collectives.json").write_text(json.dumps(result, indent=2))
-    print("| op | bytes | raw p50 us | distcompat p50 us | ratio | +us | busbw GB/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in result["rows"]:
-        print(
-            f"| {r['op']} | {r['bytes']} | {r['raw_p50_us']:.1f} | {r['ours_p50_us']:.1f} | "
-            f"{r['ratio']:.3f} | {r['extra_us']:+.1f} | {r['busbw_GBps']:.3f} |"
-        )
+    _print_rows(result["rows"])
     print("\n".join(summary(result)))
     print("coalesced:", json.dumps(result["coalesced"]))
     print("overlap:", json.dumps(result["overlap"]))

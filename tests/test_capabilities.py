@@ -222,3 +222,30 @@ def test_probe_runs_on_the_device_the_backend_moves(
     monkeypatch.setattr(caps_module, "backend_for", lambda group, device: cpu_backend)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     assert str(caps_module._probe_device(None)) == expected
+
+
+def _probed_on(device: str | None) -> tuple[bool, str, str, str]:
+    import distcompat.collectives._probed as probed
+
+    usual = capabilities()
+    other = capabilities(device=device)
+    followed = probed.probed_for(None)
+    assert followed is not None
+    return other is usual, other.device_type, followed.device_type, other.table().splitlines()[0]
+
+
+def test_probe_on_the_usual_device_is_the_cached_one() -> None:
+    for same, device_type, followed, title in run_on_ranks(_probed_on, 2, args=("cpu",)):
+        assert same
+        assert (device_type, followed) == ("cpu", "cpu")
+        assert title.startswith("Backend gloo on cpu tensors")
+
+
+@pytest.mark.cuda
+def test_probe_of_cuda_tensors_through_gloo_leaves_the_plans_on_cpu() -> None:
+    """Real GPU: both gloo ranks probe CUDA tensors on the one device; the reductions' plans
+    keep following the CPU probe, the device gloo groups move by default."""
+    for same, device_type, followed, title in run_on_ranks(_probed_on, 2, args=("cuda",)):
+        assert not same
+        assert (device_type, followed) == ("cuda", "cpu")
+        assert title.startswith("Backend gloo on cuda tensors")

@@ -85,6 +85,24 @@ def test_demo_end_to_end_on_two_ranks(tmp_path: Path, capfd: pytest.CaptureFixtu
     assert _demo_children() == []
 
 
+@pytest.mark.cuda
+@pytest.mark.parametrize(
+    ("flags", "world", "backend"),
+    [(["--device", "cuda", "--nproc", "1"], 1, "nccl"),
+     (["--device", "cuda:0", "--backend", "gloo"], 2, "gloo")],
+    ids=["nccl-1-rank", "gloo-2-ranks-one-gpu"],
+)  # fmt: skip
+def test_demo_on_cuda(tmp_path: Path, flags: list[str], world: int, backend: str) -> None:
+    """Real GPU: NCCL at world size 1, and two ranks sharing the one GPU through gloo."""
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), *SMALL, *flags]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["world_size"], manifest["backend"]) == (world, backend)
+    assert manifest["replicas_equal"] is True
+    assert manifest["resume_matched"] is True
+    assert manifest["loss_decreased"] is True
+
+
 @pytest.mark.slow
 def test_a_failing_rank_reaches_the_user_and_leaves_no_process(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]

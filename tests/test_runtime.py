@@ -85,6 +85,43 @@ def test_cpu_run_on_host_that_claims_cuda_gets_gloo_and_fp32() -> None:
         assert reason.startswith("float32: run device cpu")
 
 
+def _run_on_this_gpu_host(device_type: str) -> dict[str, Any]:
+    from distcompat.attention import explain_attention
+
+    distcompat.destroy_distributed()  # drop the harness's group: compute_init makes its own
+    init = compute_init(device_type, seed=None)
+    choice = compute_dtype(init.device)
+    q = torch.randn(1, 2, 16, 16, device=init.device, dtype=choice.dtype)
+    got = {
+        "detected": autodetect_device_type(),
+        "backend": str(dist.get_backend()),
+        "device": str(init.device),
+        "dtype": str(choice.dtype),
+        "kernel": explain_attention(q, q, q, causal=True).impl,
+        "bf16_capable": torch.cuda.get_device_capability(0) >= (8, 0),
+    }
+    compute_cleanup()
+    return got
+
+
+@pytest.mark.cuda
+def test_cpu_run_on_a_gpu_host_gets_gloo_fp32_and_a_cpu_kernel() -> None:
+    """Real GPU: the nanochat case. The host has CUDA, the run asks for the CPU."""
+    for got in run_on_ranks(_run_on_this_gpu_host, 2, args=("cpu",)):
+        assert got["detected"] == "cuda"
+        assert (got["backend"], got["device"], got["dtype"]) == ("gloo", "cpu", "torch.float32")
+        assert got["kernel"] in ("sdpa", "math")
+
+
+@pytest.mark.cuda
+def test_cuda_run_gets_nccl_the_local_rank_device_and_its_dtype() -> None:
+    """Real GPU, NCCL at world size 1 (one GPU): cuda:LOCAL_RANK and bf16 from sm80 on."""
+    got = run_on_ranks(_run_on_this_gpu_host, 1, backend="nccl", args=("cuda",))[0]
+    assert (got["backend"], got["device"]) == ("nccl", "cuda:0")
+    assert got["dtype"] == ("torch.bfloat16" if got["bf16_capable"] else "torch.float32")
+    assert got["kernel"] not in ("math",)  # a fused kernel on the GPU
+
+
 def test_single_process_has_no_group() -> None:
     result = compute_init("cpu", seed=None)
     try:

@@ -69,7 +69,8 @@ class Capabilities:
         """Render the results as markdown tables (reductions, data movement, futures, layouts)."""
         short = {"ok": "ok", "WRONG": "**WRONG**", _ELSEWHERE: "**WRONG**"}
         lines = [
-            f"Backend {self.backend}, torch {self.torch_version}, {self.world_size} ranks "
+            f"Backend {self.backend} on {self.device_type} tensors, torch {self.torch_version}, "
+            f"{self.world_size} rank{'s' * (self.world_size != 1)} "
             "(raw torch.distributed, before distcompat's shims).",
         ]
         for collective in _REDUCTIONS:
@@ -292,17 +293,25 @@ def _strided(group: Any, device: torch.device) -> bool:
     return bool((view == world).all()) and bool((base[:, 1::2] == 0).all())
 
 
-_cache: weakref.WeakKeyDictionary[Any, Capabilities] = weakref.WeakKeyDictionary()
+#: Per group, the results per device type the probe ran on.
+_cache: weakref.WeakKeyDictionary[Any, dict[str, Capabilities]] = weakref.WeakKeyDictionary()
 
 
-def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
-    """Probe (once per process group) what ``group``'s backend does.
+def capabilities(
+    group: Any = None, *, device: torch.device | str | None = None, refresh: bool = False
+) -> Capabilities:
+    """Probe (once per process group and device type) what ``group``'s backend does.
 
     Every rank of ``group`` must call it together: it creates a private group and runs about
     270 tiny collectives on it (about 0.2 s on 2 gloo ranks). The results are the same on every
     rank, and from then on distcompat's reductions on ``group`` follow them: the native op where
     it proved correct, a named shim where it did not (see ``explain_collective``). Without a
     process group there is nothing to probe and the result is empty, for the backend ``"none"``.
+
+    ``device`` is where the probe's tensors live: by default what the group's backend moves
+    (CPU for gloo, the current CUDA device for NCCL). Another device, such as CUDA tensors through
+    gloo, is probed and returned but does not change the plans of distcompat's reductions, which
+    follow the default device's results.
 
     Example:
         >>> capabilities().backend   # no process group here
@@ -311,19 +320,26 @@ def capabilities(group: Any = None, *, refresh: bool = False) -> Capabilities:
     if not (dist.is_available() and dist.is_initialized()):
         return Capabilities(backend="none", torch_version=torch.__version__, world_size=1)
     key = group if group is not None else dist.group.WORLD
-    fresh = refresh or key not in _cache
+    usual = _probe_device(group)
+    where = usual if device is None else torch.device(device)
+    if where.type != "cpu" and ":" not in str(where):  # a bare "cuda": the current device
+        where = torch.device(where.type, getattr(torch, where.type).current_device())
+    known = _cache.setdefault(key, {})
+    fresh = refresh or where.type not in known
     if fresh:
         ranks = dist.get_process_group_ranks(key)
         private = dist.new_group(ranks=ranks, timeout=_PROBE_TIMEOUT)
         try:
-            _cache[key] = _probe(private, _probe_device(group))
+            known[where.type] = _probe(private, where)
             # A rank that finishes first must not tear the private group down while a peer is
             # still receiving its last probe message (seen on torch 2.4: the next new_group
             # hangs). A barrier on the caller's group proves every rank is done with it.
             dist.barrier(group=group)
         finally:
             dist.destroy_process_group(private)
-    caps = _cache[key]
+    caps = known[where.type]
+    if where.type != usual.type:
+        return caps  # another device's results: the reductions keep following the usual one
     if fresh or probed_for(group) is None:  # re-remembered only after a forget()
         remember(group, ProbedCells(caps.backend, caps.device_type, dict(caps.cells)))
     return caps

@@ -53,7 +53,9 @@ _HELP: dict[str, str] = {
     "resume_steps": "steps the resume check re-runs from the checkpoint",
     "allreduce_reps": "timed all-reduces for p50/p95",
     "corpus_bytes": "size of the generated corpus in bytes (one token per byte)",
-    "device": "run device: cpu (gloo), cuda (nccl) or auto",
+    "device": "run device: cpu (gloo), cuda (nccl), cuda:N or auto",
+    "backend": "process-group backend (default: from the device), e.g. gloo for CUDA ranks "
+    "sharing one GPU with --device cuda:0",
     "log_every": "steps between loss lines (default: about 10 lines a run)",
     "timeout_s": "process-group timeout in seconds",
 }
@@ -92,7 +94,9 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
                 flag, type=Path, default=Path("distcompat-demo"), help=_HELP["out"] + shown
             )
         else:
-            kind = {"lr": float, "timeout_s": float, "device": str}.get(item.name, int)
+            kind = {"lr": float, "timeout_s": float, "device": str, "backend": str}.get(
+                item.name, int
+            )
             parser.add_argument(flag, type=kind, default=None, help=_HELP[item.name] + shown)
     return parser
 

@@ -53,6 +53,7 @@ class DemoConfig:
     allreduce_reps: int = 20
     corpus_bytes: int = 1 << 20
     device: str = "cpu"
+    backend: str | None = None
     log_every: int | None = None
     timeout_s: float = 300.0
 

@@ -270,7 +270,9 @@ def run_rank(config: DemoConfig) -> int:
     """
     torch.set_num_threads(1)  # one thread per rank: ranks share the machine's cores
     started = time.perf_counter()
-    info = distcompat.init_distributed(device=config.device, timeout=config.timeout_s)
+    info = distcompat.init_distributed(
+        device=config.device, backend=config.backend, timeout=config.timeout_s
+    )
     corpus = _prepare_corpus(config)
     trainer = Trainer.build(config, corpus, info.device, init_seed=config.seed)
     dtype = compute_dtype(info.device)

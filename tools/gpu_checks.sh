@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU half of the matrix in one run, for a lent GPU machine (issue 18): the machine's own
+# python with a CUDA torch, distcompat from src/ (nothing is installed). Each step has its own
+# time limit, so a hang costs that step only. Logs and generated files go to $OUT (./gpu-out):
+# run.log (env, capability tables, demo), tests.log, collectives.log, attention.log, and the
+# files they generate (seven in all: the device tool brings back at most eight).
+#
+#     OUT=gpu-out bash tools/gpu_checks.sh            # everything, about 6 minutes on an H100
+#     bash tools/gpu_checks.sh tests caps             # only the named steps
+set -u
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+STEPS=${*:-env tests caps demo collectives attention}
+
+step() {  # step LOG LIMIT_S COMMAND...: run it, append to $OUT/LOG.log, say how it ended
+    local name=$1 limit=$2 start rc
+    shift 2
+    echo "== $name: limit ${limit}s: $*"
+    start=$(date +%s)
+    timeout -k 5 "$limit" "$@" >>"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "== $name: rc=$rc after $(($(date +%s) - start))s"
+}
+
+for name in $STEPS; do
+    case $name in
+    env)
+        step run 60 sh -c "nvidia-smi; $PY - <<'PY'
+import sys, torch
+from distcompat.attention._kernels import probe_kernel
+print(sys.version)
+print(torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())
+print(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+for name in ('fa2', 'fa3', 'fa4', 'flex'):
+    probe = probe_kernel(name)
+    print(name, probe.available, probe.reason)
+PY
+$PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|hypothesis)'"
+        cat "$OUT/run.log"
+        ;;
+    tests)
+        step tests 200 "$PY" -m pytest -m cuda -p no:cacheprovider -q -rfEs --timeout 150
+        tail -n 40 "$OUT/tests.log"
+        ;;
+    caps)
+        step run 90 "$PY" tools/generate_capabilities.py --cuda
+        cp docs/capabilities_nccl.md docs/capabilities_gloo_cuda.md "$OUT"/ 2>/dev/null
+        tail -n 5 "$OUT/run.log"
+        ;;
+    demo)
+        step run 60 "$PY" -m distcompat demo --device cuda --nproc 1 --out /tmp/demo-nccl
+        step run 90 "$PY" -m distcompat demo --device cuda:0 --backend gloo --out /tmp/demo-gloo
+        grep -E "distcompat demo:|throughput|all-reduce|replicas|resume|PASS|FAIL|Error" \
+            "$OUT/run.log"
+        ;;
+    collectives)
+        step collectives 120 "$PY" benchmarks/bench_collectives.py --cuda --out "$OUT"
+        tail -n 70 "$OUT/collectives.log"
+        ;;
+    attention)
+        step attention 150 "$PY" benchmarks/bench_attention.py --device cuda \
+            --dtypes bfloat16 --rounds 5 --dispatch-calls 2000
+        cat "$OUT/attention.log"
+        ;;
+    *) echo "unknown step $name" ;;
+    esac
+done
