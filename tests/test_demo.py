@@ -85,6 +85,20 @@ def test_demo_end_to_end_on_two_ranks(tmp_path: Path, capfd: pytest.CaptureFixtu
     assert _demo_children() == []
 
 
+def test_model_keeps_one_dtype_under_autocast() -> None:
+    """Under bf16 autocast (as on CUDA) q, k and v reach attention in one dtype.
+
+    CPU autocast stands in for CUDA's here: both run rsqrt in float32, which once made q and k
+    float32 beside a bf16 v, and the demo failed on its first CUDA step.
+    """
+    model = GPT(GPTConfig(seq_len=16, n_layer=1, n_head=2, n_embd=32), seed=0)
+    tokens = torch.randint(0, 200, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(tokens, tokens)
+    loss.backward()
+    assert torch.isfinite(loss)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize(
     ("flags", "world", "backend"),

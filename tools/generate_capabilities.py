@@ -12,6 +12,9 @@ torch upgrade, and commit the result.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -31,9 +34,25 @@ def table() -> str:
     return capabilities().table()
 
 
-def cuda_table() -> str:
-    """The probe on CUDA tensors, whatever the group's backend (gloo here)."""
+def cuda_table(crashes: dict[str, str]) -> str:
+    """The probe on CUDA tensors through gloo, skipping the probes that kill the process."""
+    from distcompat.collectives import _capabilities
+
+    _capabilities.CRASHES[("gloo", "cuda")] = {
+        **_capabilities.CRASHES.get(("gloo", "cuda"), {}),
+        **crashes,
+    }
     return capabilities(device="cuda").table()
+
+
+def find_crashes() -> dict[str, str]:
+    """Run tools/find_probe_crashes.py: which raw gloo probes on CUDA tensors kill the process."""
+    finder = Path(__file__).resolve().parent / "find_probe_crashes.py"
+    command = [sys.executable, str(finder), "--backend", "gloo", "--device", "cuda"]
+    found: dict[str, str] = json.loads(
+        subprocess.run(command, check=True, stdout=subprocess.PIPE).stdout
+    )
+    return found
 
 
 def _device_name() -> str:
@@ -63,9 +82,12 @@ def main() -> None:
     nccl = run_on_ranks(table, 1, backend="nccl")[0]
     write("capabilities_nccl.md", "What NCCL really does", f"{how} --cuda",
           [(f"1 rank, {device}", nccl)])  # fmt: skip
-    gloo = run_on_ranks(cuda_table, 2)[0]
+    crashes = find_crashes()
+    gloo = run_on_ranks(cuda_table, 2, args=(crashes,))[0]
+    killed = "\n".join(f"- `{name}`: {why}" for name, why in crashes.items()) or "- none"
     write("capabilities_gloo_cuda.md", "What gloo does with CUDA tensors", f"{how} --cuda",
-          [(f"2 ranks sharing one GPU, {device}", gloo)])  # fmt: skip
+          [(f"2 ranks sharing one GPU, {device}", gloo),
+           ("Probes that kill the process (tools/find_probe_crashes.py)", killed)])  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 #
 #     OUT=gpu-out bash tools/gpu_checks.sh            # everything, about 6 minutes on an H100
 #     bash tools/gpu_checks.sh tests caps             # only the named steps
+#     ATTENTION_ARGS="--seq 4096 --dtypes bfloat16" bash tools/gpu_checks.sh attention
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
@@ -60,8 +61,9 @@ $PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|h
         tail -n 70 "$OUT/collectives.log"
         ;;
     attention)
+        # shellcheck disable=SC2086  # ATTENTION_ARGS is a list of flags
         step attention 150 "$PY" benchmarks/bench_attention.py --device cuda \
-            --dtypes bfloat16 --rounds 5 --dispatch-calls 2000
+            ${ATTENTION_ARGS:---dtypes bfloat16 --rounds 5 --dispatch-calls 2000}
         cat "$OUT/attention.log"
         ;;
     *) echo "unknown step $name" ;;

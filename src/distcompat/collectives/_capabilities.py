@@ -28,7 +28,7 @@ from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
 from distcompat.collectives._probed import ProbedCells, probed_for, remember
 
-__all__ = ["Capabilities", "capabilities"]
+__all__ = ["CRASHES", "Capabilities", "ProbeCase", "capabilities", "probe_cases"]
 
 _DTYPES = [
     "float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64",
@@ -68,6 +68,7 @@ class Capabilities:
     def table(self) -> str:
         """Render the results as markdown tables (reductions, data movement, futures, layouts)."""
         short = {"ok": "ok", "WRONG": "**WRONG**", _ELSEWHERE: "**WRONG**"}
+        short.update({c: "**crashes**" for c in self.cells.values() if c.startswith("crashes")})
         lines = [
             f"Backend {self.backend} on {self.device_type} tensors, torch {self.torch_version}, "
             f"{self.world_size} rank{'s' * (self.world_size != 1)} "
@@ -154,6 +155,59 @@ def _probe_device(group: Any) -> torch.device:
     return torch.device(kind, getattr(torch, kind).current_device())
 
 
+#: Probes that kill the process instead of raising, per (backend, device type): never run, and
+#: their cell says so. Found with ``tools/find_probe_crashes.py`` (names from :func:`probe_cases`).
+CRASHES: dict[tuple[str, str], dict[str, str]] = {
+    # gloo hands a sent tensor's memory to the socket as host memory (H100, torch 2.11).
+    ("gloo", "cuda"): {"future/isend": "gloo::IoException: writev: Bad address"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeCase:
+    """One probe: its name (``all_reduce/int8/SUM``, ``future/isend``), where its result goes."""
+
+    name: str
+    table: str  # "cells", "futures" or "layouts"
+    key: Any
+    run: Any  # () -> the result text
+
+
+def probe_cases(group: Any, device: torch.device) -> list[ProbeCase]:
+    """Every probe in the order :func:`capabilities` runs them (every rank runs the same list)."""
+    cases = []
+    for name in _DTYPES:
+        dtype = getattr(torch, name, None)
+        if dtype is None:
+            continue
+        for op in _OPS:
+            reduce_op = _premul(2.0) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
+            for collective in _REDUCTIONS:
+                probe = functools.partial(
+                    _reduction, collective, dtype, op, reduce_op, group, device
+                )
+                cases.append(
+                    ProbeCase(
+                        f"{collective}/{name}/{op}", "cells", (collective, name, op),
+                        functools.partial(_run, probe),
+                    )
+                )  # fmt: skip
+        for move in _MOVES:
+            probe = functools.partial(_move, move, dtype, group, device)
+            cases.append(
+                ProbeCase(
+                    f"{move}/{name}", "cells", (move, name, "-"), functools.partial(_run, probe)
+                )
+            )
+    for op in _FUTURE_OPS:
+        cases.append(
+            ProbeCase(f"future/{op}", "futures", op, functools.partial(_future, op, group, device))
+        )
+    strided = functools.partial(_run, functools.partial(_strided, group, device))
+    cases.append(ProbeCase("strided", "layouts", ("all_reduce", "strided view"), strided))
+    return cases
+
+
 def _probe(group: Any, device: torch.device) -> Capabilities:
     world = dist.get_world_size(group)
     caps = Capabilities(
@@ -162,24 +216,10 @@ def _probe(group: Any, device: torch.device) -> Capabilities:
         world_size=world,
         device_type=device.type,
     )
-    for name in _DTYPES:
-        dtype = getattr(torch, name, None)
-        if dtype is None:
-            continue
-        for op in _OPS:
-            reduce_op = _premul(2.0) if op == "PREMUL_SUM" else getattr(dist.ReduceOp, op)
-
-            for collective in _REDUCTIONS:
-                caps.cells[(collective, name, op)] = _run(
-                    functools.partial(_reduction, collective, dtype, op, reduce_op, group, device)
-                )
-        for move in _MOVES:
-            caps.cells[(move, name, "-")] = _run(
-                functools.partial(_move, move, dtype, group, device)
-            )
-    for op in _FUTURE_OPS:
-        caps.futures[op] = _future(op, group, device)
-    caps.layouts[("all_reduce", "strided view")] = _run(functools.partial(_strided, group, device))
+    crashes = CRASHES.get((caps.backend, device.type), {})
+    for case in probe_cases(group, device):
+        why = crashes.get(case.name)
+        getattr(caps, case.table)[case.key] = f"crashes: {why}" if why else case.run()
     _agree(caps, group, device)
     return caps
 

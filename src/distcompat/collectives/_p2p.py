@@ -2,7 +2,10 @@
 
 gloo gives ``isend``/``irecv`` Works no future and a second ``wait()`` on an any-source ``irecv``
 hangs; here they return :class:`CompatWork` (completed by the group's worker thread) like every
-other async op. Tensors are staged contiguous (gloo refuses non-contiguous ones).
+other async op. Tensors are staged contiguous (gloo refuses non-contiguous ones). On gloo, CUDA
+tensors go through a host copy: gloo's send and recv hand the tensor's memory to the socket as
+host memory, and a CUDA pointer kills the process (``writev: Bad address``, measured on an H100
+with torch 2.11, docs/capabilities_gloo_cuda.md).
 
 ``P2POp`` accepts distcompat's ``isend``/``irecv`` as well as torch's (torch's own ``P2POp``
 rejects any function but its own, so ``dist.P2POp(dist.isend, ...)`` failed under the drop-in
@@ -19,7 +22,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import typed_errors
-from distcompat.collectives._group import group_size, root_kwargs
+from distcompat.collectives._group import backend_for, group_size, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
@@ -45,6 +48,30 @@ def _needroot_kwargs(group: Any, op: str) -> None:
         raise NoPeerError(f"{op} needs another rank, but the world size is 1 (or no group exists)")
 
 
+def _through_host(tensor: torch.Tensor, group: Any) -> bool:
+    """Whether ``tensor`` must cross as a host copy: CUDA (or other device) memory on gloo."""
+    return tensor.device.type != "cpu" and backend_for(group, tensor.device) == "gloo"
+
+
+def _send_wire(tensor: torch.Tensor, group: Any) -> torch.Tensor:
+    """Return what a send hands the backend: contiguous, in host memory where gloo needs it."""
+    return stage_input(tensor.cpu() if _through_host(tensor, group) else tensor, reduce=False)
+
+
+def _recv_wire(tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, Finish]:
+    """``(wire, finish)`` for a receive into ``tensor``, through host memory where gloo needs it."""
+    if not _through_host(tensor, group):
+        return stage_output(tensor, reduce=False)
+    host = torch.empty(tensor.shape, dtype=tensor.dtype)
+    wire, copy_back = stage_output(host, reduce=False)
+
+    def finish() -> None:
+        copy_back()
+        tensor.copy_(host)
+
+    return wire, finish
+
+
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -54,7 +81,7 @@ def send(
 ) -> None:
     """Send ``tensor`` to ``dst`` (any layout: staged contiguous first)."""
     _needroot_kwargs(group, "send")
-    wire = stage_input(tensor, reduce=False)
+    wire = _send_wire(tensor, group)
     with typed_errors("send", group):
         dist.send(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
 
@@ -68,7 +95,7 @@ def recv(
 ) -> int:
     """Receive into ``tensor`` from ``src`` (any rank if None); return the sender's rank."""
     _needroot_kwargs(group, "recv")
-    wire, copy_back = stage_output(tensor, reduce=False)
+    wire, copy_back = _recv_wire(tensor, group)
     with typed_errors("recv", group):
         sender = dist.recv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
     copy_back()
@@ -84,7 +111,7 @@ def isend(
 ) -> CompatWork:
     """Start sending ``tensor`` to ``dst``; the handle's future works on every backend."""
     _needroot_kwargs(group, "isend")
-    wire = stage_input(tensor, reduce=False)
+    wire = _send_wire(tensor, group)
     with typed_errors("isend", group):
         work = dist.isend(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
     return CompatWork.from_work(work, group, [tensor], None, op="isend")
@@ -99,7 +126,7 @@ def irecv(
 ) -> CompatWork:
     """Start receiving into ``tensor``; ``wait()`` on the handle is safe to repeat."""
     _needroot_kwargs(group, "irecv")
-    wire, copy_back = stage_output(tensor, reduce=False)
+    wire, copy_back = _recv_wire(tensor, group)
     with typed_errors("irecv", group):
         work = dist.irecv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
     return CompatWork.from_work(work, group, [tensor], copy_back, op="irecv")
@@ -133,9 +160,9 @@ def _staged(op: Any) -> tuple[Any, Finish | None]:
     """Return a torch ``P2POp`` on a contiguous wire tensor, and the copy back into the caller's."""
     native = _native_op(op.op)
     if native is dist.isend:
-        wire, copy_back = stage_input(op.tensor, reduce=False), None
+        wire, copy_back = _send_wire(op.tensor, op.group), None
     elif native is dist.irecv:
-        wire, copy_back = stage_output(op.tensor, reduce=False)
+        wire, copy_back = _recv_wire(op.tensor, op.group)
     else:
         raise ValueError(f"batch_isend_irecv: op.op is {native!r}; it must be isend or irecv")
     if wire is op.tensor and native is op.op:

@@ -59,8 +59,12 @@ class GPTConfig:
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
-    """RMS norm over the last dim, without weights (as nanochat)."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    """RMS norm over the last dim, without weights (as nanochat), in x's dtype.
+
+    Under CUDA autocast ``rsqrt`` runs in float32; without the cast a bf16 q would come out
+    float32 while v stays bf16, and attention refuses mixed dtypes.
+    """
+    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x)
 
 
 def _rotary_tables(seq_len: int, head_dim: int, base: float = 10000.0) -> torch.Tensor:
@@ -74,6 +78,7 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     """Rotate the two halves of the head dim of x (B, T, H, D) by the position's angles."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
+    cos, sin = cos.type_as(x), sin.type_as(x)  # float32 tables would promote a bf16 x
     return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1)
 
 
