@@ -80,10 +80,7 @@ def _expected(case: Case) -> str:
 @CUDA_SETTINGS
 @given(case=_cases(REDUCTIONS + MOVEMENTS, with_op=True, plans=PLANS))
 def test_cuda_tensors_through_gloo_equal_reference(case: Case) -> None:
-    """The same properties with CUDA tensors through gloo, 2 ranks sharing GPU 0.
-
-    Not yet run on a GPU: this task had none (see the closing notes of issue 3).
-    """
+    """The same properties with CUDA tensors through gloo, 2 ranks sharing GPU 0 (on an H100)."""
     cuda_case = dataclasses.replace(case, device="cuda")
     assert run_on_ranks(run_case, 2, args=(cuda_case,)) == [_expected(case)] * 2
 
@@ -92,10 +89,7 @@ def test_cuda_tensors_through_gloo_equal_reference(case: Case) -> None:
 @CUDA_SETTINGS
 @given(case=_cases(REDUCTIONS + MOVEMENTS, with_op=True, plans=PLANS))
 def test_nccl_equals_reference(case: Case) -> None:
-    """The same properties on NCCL, one rank per GPU (world size 1 on a one-GPU machine).
-
-    Not yet run on a GPU: this task had none (see the closing notes of issue 3).
-    """
+    """The same properties on NCCL, one rank per GPU (world size 1 on a one-GPU machine)."""
     world_size = torch.cuda.device_count()
     cuda_case = dataclasses.replace(case, device="cuda")
     expected = [_expected(case)] * world_size
@@ -245,3 +239,48 @@ def _bitwise_as_if_nccl(collective: str) -> dict[str, bool]:
 def test_bitwise_ops_on_nccl_are_emulated(world_size: int, collective: str) -> None:
     for outcome in run_on_ranks(_bitwise_as_if_nccl, world_size, args=(collective,)):
         assert outcome == {"BAND": True, "BOR": True, "BXOR": True}
+
+
+def _async_outputs_on_the_callers_stream(where: str, numel: int, rounds: int) -> dict[str, int]:
+    """Count wrong results read right after ``wait()`` / in a ``then`` callback, per op."""
+    import distcompat.collectives as dc
+
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    device = torch.device(where, 0) if where == "cuda" else torch.device(where)
+    wrong = {"all_reduce": 0, "reduce_scatter_tensor": 0, "all_gather_into_tensor": 0, "then": 0}
+    for i in range(rounds):
+        value = float(i + 1)
+        t = torch.full((numel,), value * (rank + 1), device=device)
+        dc.all_reduce(t, async_op=True).wait()
+        wrong["all_reduce"] += int(t.sum().item() != value * 3 * numel)
+        inp = torch.full((numel * world,), value, device=device)
+        out = torch.zeros(numel, device=device)
+        work = dc.reduce_scatter_tensor(out, inp, async_op=True)
+
+        def double(_done: torch.futures.Future[Any], out: torch.Tensor = out) -> torch.Tensor:
+            return out * 2
+
+        doubled = work.get_future().then(double)
+        work.wait()
+        wrong["reduce_scatter_tensor"] += int(out.sum().item() != value * world * numel)
+        wrong["then"] += int(doubled.wait().sum().item() != 2 * value * world * numel)
+        gathered = torch.zeros(numel * world, device=device)
+        dc.all_gather_into_tensor(
+            gathered, torch.full((numel,), value, device=device), async_op=True
+        ).wait()
+        wrong["all_gather_into_tensor"] += int(gathered.sum().item() != value * numel * world)
+    return wrong
+
+
+@pytest.mark.cuda
+def test_async_cuda_outputs_are_ready_for_the_callers_stream() -> None:
+    """Real GPU, 2 gloo ranks: an async op's CUDA output is complete when wait() returns and
+    inside a ``then`` callback, 8 MiB per rank, 10 rounds."""
+    for wrong in run_on_ranks(_async_outputs_on_the_callers_stream, 2, args=("cuda", 1 << 21, 10)):
+        assert wrong == dict.fromkeys(wrong, 0)
+
+
+def test_async_outputs_are_complete_after_wait_and_in_then() -> None:
+    """The same reads on CPU tensors (where nothing runs after the op returns)."""
+    for wrong in run_on_ranks(_async_outputs_on_the_callers_stream, 2, args=("cpu", 1 << 10, 3)):
+        assert wrong == dict.fromkeys(wrong, 0)

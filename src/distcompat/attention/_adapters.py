@@ -198,7 +198,9 @@ def _flex_block_mask(tq: int, tk: int, left: int, right: int, device: torch.devi
 def _flex_callable(device_type: str) -> Callable[..., Any]:
     flex = probe_kernel("flex").functions["flex_attention"]
     if device_type in ("cuda", "xpu"):
-        return torch.compile(flex)
+        # Static shapes: on a second query length torch 2.11 recompiled flex with a symbolic one,
+        # and inductor found no kernel for it (NoValidChoicesError; an H100, Tq 256 then 64).
+        return torch.compile(flex, dynamic=False)
     return flex  # CPU/MPS: forward only, eager (compiling costs 40-90 s on first call)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce
-from distcompat.collectives._work import CompatFuture, CompatWork, done_if_async
+from distcompat.collectives._work import CompatWork, done_if_async, future_for
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]
 
@@ -47,7 +47,7 @@ def _unflatten_into(
 
 def _join(handles: list[CompatWork], finish: Any, result: Any) -> CompatWork:
     """One handle that completes when every bucket's handle has, then runs ``finish``."""
-    future = CompatFuture()
+    future = future_for(result)
 
     def complete(done: torch.futures.Future[Any]) -> None:
         try:

@@ -36,7 +36,7 @@ import torch.distributed as dist
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import translate
 
-__all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async"]
+__all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async", "future_for"]
 
 Strategy = Literal["native", "worker", "done"]
 Finish = Callable[[], Any]
@@ -59,6 +59,25 @@ class CompatFuture(torch.futures.Future[Any]):
             return callback(done)
 
         return super().then(checked)
+
+
+def future_for(result: Any) -> CompatFuture:
+    """Return an empty :class:`CompatFuture` for ``result``, stream-aware for CUDA tensors.
+
+    Without the devices, completing the future with CUDA tensors would tell nobody which streams
+    produced them, and a caller's next kernel could read an output that gloo was still copying
+    back (measured on an H100: the demo's resume check differed on 2 gloo ranks). With them, torch
+    records events when the value is set and makes the waiting caller's current stream (or a
+    ``then`` callback's stream) wait for them: the same guarantee as torch's own ``wait()``.
+
+    Example:
+        >>> future_for([torch.ones(1)]).done()   # CPU tensors: a plain future, not yet set
+        False
+    """
+    tensors = result if isinstance(result, list | tuple) else [result]
+    names = {str(t.device) for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda}
+    devices: list[int | str | torch.device] = [*sorted(names)]
+    return CompatFuture(devices=devices) if devices else CompatFuture()
 
 
 class CompatWork:
@@ -98,7 +117,7 @@ class CompatWork:
         cls, work: Any, group: Any, result: Any, finish: Finish | None, *, op: str = "collective"
     ) -> CompatWork:
         """Wrap a backend ``Work``: use its future if it has one, else the group's worker."""
-        future: torch.futures.Future[Any] = CompatFuture()
+        future: torch.futures.Future[Any] = future_for(result)
         try:
             native = work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented" (gloo reduce_scatter*, p2p)
