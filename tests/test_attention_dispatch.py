@@ -307,3 +307,13 @@ def test_cpu_16bit_decode_goes_to_exact_math(dtype: torch.dtype, tq: int, expect
     assert decision.impl == expected, decision.why()
     if expected == "math":
         assert "SDPA's CPU flash kernel" in {r.impl: r.reason for r in decision.rejected}["sdpa"]
+
+
+@pytest.mark.parametrize(("tq", "feasible"), [(1, True), (64, False), (127, False), (128, True)])
+def test_flex_on_cuda_refuses_the_query_lengths_it_failed_on(tq: int, feasible: bool) -> None:
+    """Mocked CUDA signature: compiled flex raised for 64 query rows on an H100 (torch 2.11)."""
+    from distcompat.attention._rules import infeasible
+
+    with override_kernels(probes=installed("flex")):
+        why = infeasible("flex", cuda_sig((9, 0), tq=tq, tk=256), None)
+    assert (why is None) == feasible, why

