@@ -166,8 +166,15 @@ class ZeroAdamW:
         slot.update = work.get_future().then(lambda _done: self._adamw(slot, step))
 
     @torch.no_grad()
-    def _adamw(self, slot: _Slot, step: int) -> None:
-        """Update this rank's shard from its averaged gradient (runs as a future callback)."""
+    def _adamw(self, slot: _Slot, step: int) -> list[torch.Tensor]:
+        """Update this rank's shard from its averaged gradient (runs as a future callback).
+
+        Returns the tensors it wrote: on CUDA the callback runs on a stream of its own, and
+        waiting on the derived future orders the caller's stream after the writes to these
+        tensors only (torch's rule for CUDA futures, NCCL's and now gloo's alike). Returning
+        nothing let ``step()`` read the master shard before the update had run (measured: the
+        demo's resume check differed on 2 gloo ranks sharing an H100).
+        """
         beta1, beta2 = self._betas
         lr = self._lr(step)
         grad = slot.grad_shard.float()
@@ -177,6 +184,7 @@ class ZeroAdamW:
         if self._weight_decay:
             slot.master.mul_(1.0 - lr * self._weight_decay)
         slot.master.addcdiv_(slot.exp_avg, denom, value=-lr / (1.0 - beta1**step))
+        return [slot.master, slot.exp_avg, slot.exp_avg_sq]
 
     @torch.no_grad()
     def step(self) -> None:
