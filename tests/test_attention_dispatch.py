@@ -172,12 +172,18 @@ FLEX = KernelProbe(
 
 def test_missing_packages_are_reasons_and_window_goes_to_flex() -> None:
     with override_kernels(probes={**MISSING, "flex": FLEX}):
-        windowed = decide(cuda_sig((9, 0), window=(31, 0)))
+        windowed = decide(cuda_sig((9, 0), window=(31, 0), tq=1024, tk=1024))
+        wide = decide(cuda_sig((9, 0), window=(255, 0), tq=1024, tk=1024))
         causal = decide(cuda_sig((9, 0)))
     assert windowed.impl == "flex"
     assert "ModuleNotFoundError (mocked)" in {r.impl: r.reason for r in windowed.rejected}["fa3"]
     assert causal.impl == "sdpa"
     assert "no sliding window" in {r.impl: r.reason for r in causal.rejected}["flex"]
+    assert wide.impl == "sdpa"  # a window over 1/8 of the keys: SDPA was faster on an H100
+    assert (
+        "256-key window is over 1/8 of the 1024 keys"
+        in {r.impl: r.reason for r in wide.rejected}["flex"]
+    )
 
 
 def test_torch_without_flex_is_a_reason_and_window_goes_to_sdpa() -> None:
@@ -186,7 +192,7 @@ def test_torch_without_flex_is_a_reason_and_window_goes_to_sdpa() -> None:
         reason="import torch.nn.attention.flex_attention failed: ModuleNotFoundError (mocked)",
     )
     with override_kernels(probes={**MISSING, "flex": absent}):
-        windowed = decide(cuda_sig((9, 0), window=(31, 0)))
+        windowed = decide(cuda_sig((9, 0), window=(31, 0), tq=1024, tk=1024))
     assert windowed.impl == "sdpa"
     assert (
         "not installed: import torch.nn.attention.flex_attention failed"

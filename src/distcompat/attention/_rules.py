@@ -160,6 +160,11 @@ def _fa_infeasible(name: str, sig: CallSignature, host: HostInfo | None) -> str 
     )
 
 
+#: auto takes flex for a window only when it sees at most 1/this of the keys. Measured on an H100
+#: (torch 2.11, bf16, B4 H8 D64, benchmarks/README.md): a 256-key window over 1024 keys was faster
+#: in SDPA with a mask, over 4096 keys in flex; the crossover between them is not measured.
+_FLEX_WINDOW_SHARE = 8
+
 #: On CUDA, query lengths from 2 to this were not run through compiled flex: Tq 64 raised
 #: inductor's NoValidChoicesError (torch 2.11, GQA 8:2, D 64, bf16); Tq 1, 256, 1024, 4096 ran.
 _FLEX_MIN_TQ = 128
@@ -202,6 +207,13 @@ def auto_skip(name: str, sig: CallSignature) -> str | None:
             return (
                 f"on {sig.device_type} flex beats SDPA only compiled (40-90 s first call); "
                 "name it in DISTCOMPAT_ATTENTION to use it"
+            )
+        keys = sig.window[0] + 1
+        if keys * _FLEX_WINDOW_SHARE > sig.tk:
+            return (
+                f"a {keys}-key window is over 1/{_FLEX_WINDOW_SHARE} of the {sig.tk} keys: too "
+                "few key blocks to skip (H100: 256 of 1024 keys, flex 0.91x of SDPA forward and "
+                "0.69x with backward; 256 of 4096, flex 3.3x and 2.2x faster)"
             )
     cpu_decode = sig.device_type == "cpu" and sig.tq == 1 and not sig.requires_grad
     if name == "sdpa" and cpu_decode and sig.dtype in _HALF:
