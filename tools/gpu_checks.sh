@@ -5,7 +5,7 @@
 # run.log (env, capability tables, demo), tests.log, collectives.log, attention.log, and the
 # files they generate (seven in all: the device tool brings back at most eight).
 #
-#     OUT=gpu-out bash tools/gpu_checks.sh            # everything, about 6 minutes on an H100
+#     OUT=gpu-out bash tools/gpu_checks.sh            # everything: 202 s on an H100
 #     bash tools/gpu_checks.sh tests caps             # only the named steps
 #     ATTENTION_ARGS="--seq 4096 --dtypes bfloat16" bash tools/gpu_checks.sh attention
 set -u
