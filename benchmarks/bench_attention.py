@@ -52,17 +52,19 @@ def naive(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> to
     return torch.softmax(scores, dim=-1) @ v
 
 
-def timed(fn: Callable[[], object]) -> float:
+def timed(fn: Callable[[], object], cuda: bool = False) -> float:
     start = time.perf_counter()
     fn()
-    if torch.cuda.is_available():
+    if cuda:
         torch.cuda.synchronize()  # GPU kernels run after the call returns
     return time.perf_counter() - start
 
 
-def flash_impls() -> list[str]:
-    """The FlashAttention builds that import in this process (they only run on CUDA)."""
-    return [name for name in ("fa2", "fa3", "fa4") if probe_kernel(name).available]
+def columns(device: torch.device) -> tuple[str, ...]:
+    """The table's implementation columns: FA2/FA3/FA4 too on CUDA, where they import."""
+    if device.type != "cuda":
+        return COLUMNS
+    return COLUMNS + tuple(name for name in ("fa2", "fa3", "fa4") if probe_kernel(name).available)
 
 
 def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backward: bool) -> None:
@@ -76,9 +78,10 @@ def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backwar
     )
     if backward:
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-    flex = not args.no_flex and (device.type == "cuda" or not backward)
+    cuda = device.type == "cuda"
+    flex = not args.no_flex and (cuda or not backward)
     impls = ["auto", "sdpa", "math"] + (["flex"] if flex else [])
-    impls += flash_impls() if device.type == "cuda" else []
+    impls += [name for name in columns(device) if name.startswith("fa")]
     if window is None:
         impls.append("naive")
 
@@ -101,19 +104,19 @@ def bench_case(case: Case, dtype: torch.dtype, args: argparse.Namespace, backwar
             print(f"<!-- {name} {dtype} {impl}: {str(exc).splitlines()[0][:160]} -->")
             impls.remove(impl)
     times: dict[str, list[float]] = {impl: [] for impl in impls}
-    slowest = max(timed(lambda impl=impl: run(impl)) for impl in impls)  # type: ignore[misc]
+    slowest = max(timed(lambda impl=impl: run(impl), cuda) for impl in impls)  # type: ignore[misc]
     for round_ in range(min(200, max(args.rounds, int(0.5 / slowest)))):
         shift = round_ % len(impls)  # rotate the order: no implementation always runs first
         for impl in impls[shift:] + impls[:shift]:
-            times[impl].append(timed(lambda impl=impl: run(impl)))  # type: ignore[misc]
+            times[impl].append(timed(lambda impl=impl: run(impl), cuda))  # type: ignore[misc]
     os.environ.pop("DISTCOMPAT_ATTENTION", None)
     # The minimum over rounds: the run least disturbed by other load on a shared host.
     best_ms = {impl: min(ts) * 1e3 for impl, ts in times.items()}
     best = min(ms for impl, ms in best_ms.items() if impl not in ("auto", "naive"))
     chosen = explain_attention(q, k, v, causal=causal, window=window).impl
-    shown = COLUMNS + tuple(flash_impls() if device.type == "cuda" else ())
     cells = " | ".join(
-        f"{best_ms[i]:.2f}" if i in best_ms else "err" if i in tried else "-" for i in shown
+        f"{best_ms[i]:.2f}" if i in best_ms else "err" if i in tried else "-"
+        for i in columns(device)
     )
     mode = "fwd+bwd" if backward else "fwd"
     dt = str(dtype).removeprefix("torch.")
@@ -134,11 +137,10 @@ def dispatch_overhead(calls: int, device: torch.device) -> None:
     for _ in range(calls):
         explain_attention(q, q, q, causal=True)
     per_call = (time.perf_counter() - start) / calls * 1e6
-    direct = min(
-        timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True))
-        for _ in range(calls)
-    )
-    full = min(timed(lambda: attend(q, q, q, causal=True)) for _ in range(calls))
+    cuda = device.type == "cuda"
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    direct = min(timed(lambda: sdpa(q, q, q, is_causal=True), cuda) for _ in range(calls))
+    full = min(timed(lambda: attend(q, q, q, causal=True), cuda) for _ in range(calls))
     print(f"\nwarm dispatch (signature + cached decision): {per_call:.1f} us per call")
     print(f"tiny attend() {full * 1e6:.1f} us vs direct SDPA {direct * 1e6:.1f} us", end="")
     print(f" (best of {calls})")
@@ -164,13 +166,11 @@ def main() -> None:
     )
     print(f"torch {torch.__version__}, {where}, ms (best of rounds)")
     print(f"B{args.batch} H{args.heads} T{args.seq} D{args.dim}, at least {args.rounds} rounds\n")
-    columns = COLUMNS + tuple(flash_impls() if device.type == "cuda" else ())
+    shown = columns(device)
     print(
-        "| case | dtype | pass | "
-        + " | ".join(columns)
-        + " | auto chose | best/chosen | best/auto |"
+        "| case | dtype | pass | " + " | ".join(shown) + " | auto chose | best/chosen | best/auto |"
     )
-    print("|---" * (len(columns) + 6) + "|")
+    print("|---" * (len(shown) + 6) + "|")
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     for backward in (False, True):
         for dtype in dtypes:
