@@ -391,3 +391,68 @@ def test_a_group_across_machines_stays_on_gloo() -> None:
         assert "not all on one machine" in reason
         assert "node1" in reason
         assert value == [2.0, 2.0, 2.0]
+
+
+def _paths_mixed_across_ranks() -> list[float]:
+    """Rank 0 runs its small synchronous all_reduces in place (``Engine.all_reduce_now``, the
+    group idle), while rank 1 has an async op still queued before each one, so its calls go
+    through the work's machinery; the ranks must still meet at the same barriers and buffers."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_reduce
+
+    configure()
+    rank = dist.get_rank()
+    seen = []
+    for size in (1, 100, 255, 256, 257, 3000):  # one barrier up to the (1 KiB) slot, then chunks
+        pending = all_reduce(torch.full((size,), 2.0), async_op=True)
+        if rank == 0:
+            pending.wait()  # idle again: the next call takes the in-place path
+        t = torch.full((size,), float(rank + 1))
+        all_reduce(t)
+        pending.wait()
+        seen.append(float(t.sum()) / size)
+        seen.append(float(pending.get_future().value()[0][0]))
+    return seen
+
+
+def test_ranks_may_run_one_call_by_different_paths() -> None:
+    for seen in run_on_ranks(_paths_mixed_across_ranks, 2):
+        assert seen == [3.0, 4.0] * 6
+
+
+def _late_peer_under_a_watchdog() -> tuple[float, float, float, list[str]]:
+    """Rank 1 arrives 1.2 s late: rank 0's in-place wait runs past the watchdog's first slice
+    (0.5 s) and goes on as the watchdog's bounded wait, through the op's work."""
+    import distcompat.distributed as dist
+    from distcompat import diagnostics
+    from distcompat.collectives import all_reduce
+
+    configure()
+    rank = dist.get_rank()
+    handed: list[str] = []  # what each in-place call handed back
+    in_place = Engine.all_reduce_now
+
+    def recorded(self: Engine, *args: Any) -> Any:
+        work = in_place(self, *args)
+        handed.append("done" if work is None else "done later" if work.target else "?")
+        return work
+
+    with diagnostics.watchdog(timeout=30), mock.patch.object(Engine, "all_reduce_now", recorded):
+        for late in (False, False, True):  # the same steps first: the mismatch check knows them
+            dist.barrier()
+            if late and rank == 1:
+                time.sleep(1.2)
+            started = time.monotonic()
+            t = torch.full((10,), float(rank + 1))
+            all_reduce(t)
+            took = time.monotonic() - started
+        after = torch.ones(5)
+        all_reduce(after)  # the group is usable after it
+    return float(t[0]), float(after[0]), took, handed
+
+
+def test_a_small_wait_that_outlasts_the_first_slice_goes_on_and_completes() -> None:
+    got = run_on_ranks(_late_peer_under_a_watchdog, 2)
+    assert [(value, after) for value, after, _, _ in got] == [(3.0, 2.0), (3.0, 2.0)]
+    assert got[0][2] > 1.0  # rank 0 did wait for its late peer
+    assert got[0][3] == ["done", "done", "done later", "done"]

@@ -252,10 +252,13 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         return SKIP
     state = last[1]
     floor = _shm_path.floors.get(("all_reduce", state.world))  # inline: no call when known
+    engine = None
     if tensor.nbytes >= (
         _shm_path.floor_bytes("all_reduce", state.world) if floor is None else floor
     ):
-        return SKIP  # shared memory takes it
+        engine = _shm_path.engaged(pg, "all_reduce", tensor)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
@@ -273,8 +276,11 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
                 raw = watcher.note("all_reduce", shape, dtype, group, name, None)
             _agree.check(state, (seq, step), sig, group)
     try:
-        opts = _reduce_opts.get(id(op)) or _reduce_options(op)
-        work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
+        if engine is None:
+            opts = _reduce_opts.get(id(op)) or _reduce_options(op)
+            work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
+        elif async_op:  # shared memory, on the group's thread
+            work = engine.work("all_reduce", engine.all_reduce(tensor.view(-1), op))
     except RuntimeError as exc:
         raise_typed(exc, "all_reduce", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
@@ -284,10 +290,13 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         if len(queue) >= _DRAIN_AT:
             watcher.drain()
     if not async_op:  # written out: the most common call of all
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        if engine is not None:  # shared memory: runs here; a work only if not done in the slice
+            work = engine.all_reduce_now(tensor, op, wait.total_seconds() or None)
+            if work is None:
+                return None
         try:
-            work.wait(
-                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-            )
+            work.wait(wait)
         except RuntimeError as exc:
             _late(exc, work, "all_reduce", group, watcher, raw)
         return None

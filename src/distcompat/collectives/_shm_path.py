@@ -52,6 +52,7 @@ __all__ = [
     "WIRED",
     "SharedMemoryFallbackWarning",
     "ShmStatus",
+    "engaged",
     "engine_for",
     "floor_bytes",
     "host_reason",
@@ -147,6 +148,20 @@ def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | No
     found = _groups.get(key)
     if found is None:
         found = _groups[key] = _set_up(key)
+    if isinstance(found, Engine) and not found.broken:
+        return found
+    return None
+
+
+def engaged(pg: Any, collective: str, tensor: torch.Tensor) -> Engine | None:
+    """Return ``pg``'s engine if the path is set up and usable (set it up on the first call).
+
+    For the fast paths (``_direct``), which checked the floor and the tensor themselves: one
+    dict lookup once the group has decided.
+    """
+    found = _groups.get(pg)
+    if found is None:
+        return engine_for(pg, collective, tensor)
     if isinstance(found, Engine) and not found.broken:
         return found
     return None

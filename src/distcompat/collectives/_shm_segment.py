@@ -10,10 +10,17 @@ kernel frees the memory when the last rank exits, however it exits::
 
 Layout: one 64-byte line per rank in the first page (that rank's arrival word, see
 ``_shm_barrier``: the number of the barrier it reached, which is the futex word, and in the
-upper half the signature of its call), then two buffers of ``world`` slots of ``slot_bytes``
-each (a pipeline alternates between them). Each word is written with one aligned 64-bit store
-after the data it announces; x86-64 keeps stores in order (total store order), so the path is
-offered there only.
+upper half the signature of its call; then its *sleepers* word), then two buffers of ``world``
+slots of ``slot_bytes`` each (a pipeline alternates between them). Each word is written with one
+aligned 64-bit store after the data it announces; x86-64 keeps stores in order (total store
+order), so the path is offered there only.
+
+A rank about to sleep on a peer's arrival word first sets that peer's sleepers word; an arriving
+rank makes the futex wake call (a syscall: about 4 us of a 30 us small all_reduce) only when
+its sleepers word is set, and clears it before waking. A sleeper sleeps at most one slice of
+``_shm_barrier`` before it looks again, so even a wake missed by the arriver's load of the
+sleepers word passing its arrival store (the one reordering x86-64 allows, inside a window of
+nanoseconds) costs one slice, never a hang.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ __all__ = [
 SHM_DIR = "/dev/shm"
 _PREFIX = "distcompat-shm-"
 _LINE = 64  # bytes per rank's counter: one cache line each, so arrivals do not false-share
+_WORDS = _LINE // 8  # 64-bit words per line
 _HEADER = 4096
 MAX_WORLD = _HEADER // _LINE
 _SYS_FUTEX = 202  # x86-64
@@ -254,15 +262,22 @@ class Segment:
 
     def counter(self, rank: int) -> int:
         """Return ``rank``'s arrival word: its op's signature << 32 | its barrier number."""
-        return int(self._words[rank * _LINE // 8])
+        return int(self._words[rank * _WORDS])
 
     def arrive(self, rank: int, number: int, signature: int) -> None:
-        """Store ``rank``'s arrival (one 64-bit store, after its data writes), wake sleepers."""
-        self._words[rank * _LINE // 8] = (signature << 32) | (number & NUMBER_MASK)
-        _futex(self._base + rank * _LINE, _FUTEX_WAKE, _WAKE_ALL)
+        """Store ``rank``'s arrival (one 64-bit store, after its data writes), wake sleepers.
+
+        The wake is made only when a peer marked that it sleeps on the word (see module doc).
+        """
+        words, at = self._words, rank * _WORDS
+        words[at] = (signature << 32) | (number & NUMBER_MASK)
+        if words[at + 1]:
+            words[at + 1] = 0
+            _futex(self._base + rank * _LINE, _FUTEX_WAKE, _WAKE_ALL)
 
     def sleep_on(self, rank: int, seen: int, timeout_s: float) -> None:
         """Sleep until ``rank``'s barrier number is not ``seen``, a wake, or ``timeout_s``."""
+        self._words[rank * _WORDS + 1] = 1  # the sleepers word: arrive() wakes us
         _futex(
             self._base + rank * _LINE, _FUTEX_WAIT, seen & NUMBER_MASK, timeout_s
         )  # the low half
