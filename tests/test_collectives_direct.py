@@ -62,6 +62,9 @@ def test_the_default_group_is_read_where_torch_keeps_it() -> None:
 
 
 def _reuse() -> dict[str, Any]:
+    from shm_cases import configure
+
+    configure(mode="auto")  # tiny calls stay on gloo, whatever an earlier test left set
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(1))  # the group's first call looks it up (general path)
     _direct._spare_rows.clear()

@@ -456,3 +456,33 @@ def test_a_small_wait_that_outlasts_the_first_slice_goes_on_and_completes() -> N
     assert [(value, after) for value, after, _, _ in got] == [(3.0, 2.0), (3.0, 2.0)]
     assert got[0][2] > 1.0  # rank 0 did wait for its late peer
     assert got[0][3] == ["done", "done", "done later", "done"]
+
+
+def _async_movement_ops() -> list[list[float]]:
+    """Async broadcast, all_gather_into_tensor and reduce_scatter_tensor of plain tensors (the
+    fast paths, ``collectives._direct``) on the path: futures, values, and each went through it."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_gather_into_tensor, broadcast, reduce_scatter_tensor
+
+    configure()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    before = calls_on_path()
+    sent = torch.full((300,), float(rank + 10))
+    gathered = torch.empty(world * 300)
+    scattered = torch.empty(300)
+    works = [
+        broadcast(sent, src=1, async_op=True),
+        all_gather_into_tensor(gathered, torch.full((300,), float(rank)), async_op=True),
+        reduce_scatter_tensor(
+            scattered, torch.arange(world * 300, dtype=torch.float32), async_op=True
+        ),
+    ]
+    futures = [work.get_future() for work in works]
+    torch.futures.wait_all(futures)
+    assert calls_on_path() == before + 3
+    return [sent.unique().tolist(), gathered.view(world, -1)[:, 0].tolist(), scattered[:2].tolist()]
+
+
+def test_async_movement_ops_take_the_path_and_complete_their_futures() -> None:
+    for rank, got in enumerate(run_on_ranks(_async_movement_ops, 3)):
+        assert got == [[11.0], [0.0, 1.0, 2.0], [3.0 * 300 * rank, 3.0 * (300 * rank + 1)]]

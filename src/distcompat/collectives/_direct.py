@@ -55,6 +55,7 @@ from torch.overrides import has_torch_function
 from distcompat.collectives import _agree, _checked, _probed, _shm_path
 from distcompat.collectives._agree import HISTORY as _HISTORY
 from distcompat.collectives._errors import raise_typed
+from distcompat.collectives._shm_engine import Engine
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
 
@@ -330,10 +331,13 @@ def broadcast(
     if root is None or not 0 <= root < state.world:
         return SKIP
     floor = _shm_path.floors.get(("broadcast", state.world))  # inline: no call when known
+    engine = None
     if tensor.nbytes >= (
         _shm_path.floor_bytes("broadcast", state.world) if floor is None else floor
     ):
-        return SKIP  # shared memory may take it
+        engine = _shm_path.engaged(pg, "broadcast", tensor)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
@@ -345,9 +349,13 @@ def broadcast(
             if watcher is not None:
                 raw = watcher.note("broadcast", shape, dtype, group, None, origin)
             _agree.check(state, counted, sig, group)
-    opts = _bcast_opts.get(root) or _broadcast_options(root)
     try:
-        work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
+        if engine is None:
+            opts = _bcast_opts.get(root) or _broadcast_options(root)
+            work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
+        else:  # shared memory: run below (sync) or on the group's thread (async)
+            call = engine.broadcast(tensor if tensor.dim() == 1 else tensor.view(-1), root)
+            work = engine.work("broadcast", call) if async_op else None
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
@@ -357,10 +365,13 @@ def broadcast(
         if len(queue) >= _DRAIN_AT:
             watcher.drain()
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        if engine is not None:  # as in allreduce
+            work = engine.run_now("broadcast", call, wait.total_seconds() or None)
+            if work is None:
+                return None
         try:
-            work.wait(
-                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-            )
+            work.wait(wait)
         except RuntimeError as exc:
             _late(exc, work, "broadcast", group, watcher, raw)
         return None
@@ -460,12 +471,17 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         or output.dim() != 1
         or input.dtype != output.dtype
         or output.numel() != state.world * input.numel()  # the general path says what is wrong
-        or output.nbytes >= _floor("all_gather_into_tensor", state.world)
     ):
         return SKIP
-    gather = getattr(pg, "all_gather_single", None)
-    if gather is None:
-        return SKIP
+    engine = gather = None
+    if output.nbytes >= _floor("all_gather_into_tensor", state.world):
+        engine = _shm_path.engaged(pg, "all_gather_into_tensor", output)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
+    else:
+        gather = getattr(pg, "all_gather_single", None)
+        if gather is None:
+            return SKIP
     watcher = _checked.watch
     raw = None
     if state.store is not None:
@@ -478,7 +494,12 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
                 )
             _agree.check(state, counted, sig, group)
     try:
-        work = gather(output, input)  # default options: asyncOp True, as everywhere here
+        if gather is not None:
+            work = gather(output, input)  # default options: asyncOp True, as everywhere here
+        else:  # shared memory: run below (sync) or on the group's thread (async)
+            assert engine is not None
+            call = engine.all_gather(output, input)
+            work = engine.work("all_gather_into_tensor", call) if async_op else None
     except RuntimeError as exc:
         raise_typed(exc, "all_gather_into_tensor", group)
     if watcher is not None and raw is None:  # the record, inline: see the module doc
@@ -488,6 +509,12 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         queue.append(raw)
         if len(queue) >= _DRAIN_AT:
             watcher.drain()
+    if work is None:  # shared memory, synchronous: as in allreduce
+        assert engine is not None
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        work = engine.run_now("all_gather_into_tensor", call, wait.total_seconds() or None)
+        if work is None:
+            return None
     return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
 
 
@@ -559,10 +586,13 @@ def reducescatter(
     if numel != world * count:
         return SKIP  # the general path says what is wrong
     floor = _shm_path.floors.get(("reduce_scatter_tensor", world))  # inline: no call when known
+    engine = None
     if input.nbytes >= (
         _shm_path.floor_bytes("reduce_scatter_tensor", world) if floor is None else floor
     ):
-        return SKIP  # shared memory takes it
+        engine = _shm_path.engaged(pg, "reduce_scatter_tensor", input)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
     shape = input.shape
     watcher = _checked.watch
     raw = None
@@ -573,6 +603,8 @@ def reducescatter(
             if watcher is not None:
                 raw = watcher.note("reduce_scatter_tensor", shape, dtype, group, name, None)
             _agree.check(state, counted, sig, group)
+    if engine is not None:
+        return _reduce_scatter_shm(engine, output, input, op, name, group, async_op, watcher, raw)
     key = (dtype, world, count)
     try:
         rows = _spare_rows[key].pop()
@@ -611,3 +643,35 @@ def reducescatter(
         raw,
         lambda: _fold_rows(rows, out_flat, name, key),
     )
+
+
+def _reduce_scatter_shm(
+    engine: Engine,
+    output: torch.Tensor,
+    input: torch.Tensor,
+    op: Any,
+    name: str,
+    group: Any,
+    async_op: bool,
+    watcher: Any,
+    raw: Any,
+) -> CompatWork | None:
+    """:func:`reducescatter` through the group's shared memory (checked and counted there)."""
+    out_flat = output if output.dim() == 1 else output.view(-1)
+    call = engine.reduce_scatter(out_flat, input if input.dim() == 1 else input.view(-1), op)
+    work = engine.work("reduce_scatter_tensor", call) if async_op else None
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        raw = [
+            None, "reduce_scatter_tensor", group, input.shape, input.dtype, name, None, None,
+            _monotonic(),
+        ]  # fmt: skip
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
+    if work is None:  # synchronous: as in allreduce
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        work = engine.run_now("reduce_scatter_tensor", call, wait.total_seconds() or None)
+        if work is None:
+            return None
+    return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw)
