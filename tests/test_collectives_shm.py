@@ -480,9 +480,50 @@ def _async_movement_ops() -> list[list[float]]:
     futures = [work.get_future() for work in works]
     torch.futures.wait_all(futures)
     assert calls_on_path() == before + 3
-    return [sent.unique().tolist(), gathered.view(world, -1)[:, 0].tolist(), scattered[:2].tolist()]
+    return [
+        sorted(set(sent.tolist())),
+        gathered.view(world, -1)[:, 0].tolist(),
+        scattered[:2].tolist(),
+    ]
 
 
 def test_async_movement_ops_take_the_path_and_complete_their_futures() -> None:
     for rank, got in enumerate(run_on_ranks(_async_movement_ops, 3)):
         assert got == [[11.0], [0.0, 1.0, 2.0], [3.0 * 300 * rank, 3.0 * (300 * rank + 1)]]
+
+
+def _thread_counts() -> dict[str, list[int]]:
+    """With two intra-op threads in the rank, the path's folds run on one (whole chunks, not
+    pieces); the caller's count, and the one a future's callback sees, stay two."""
+    from distcompat.collectives import _shm_engine, all_reduce
+
+    configure(slot_bytes=1 << 20)
+    seen: dict[str, list[int]] = {"fold": [], "callback": [], "caller": []}
+
+    def add(*args: Any, **kwargs: Any) -> torch.Tensor:
+        seen["fold"].append(torch.get_num_threads())
+        return torch.add(*args, **kwargs)
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with mock.patch.dict(_shm_engine.REDUCERS, {shm.dist.ReduceOp.SUM: add}):
+            for numel in (50_001, 300_001):  # in place, one barrier; chunked, two per chunk
+                all_reduce(torch.ones(numel))
+                seen["caller"].append(torch.get_num_threads())
+            work = all_reduce(torch.ones(50_003), async_op=True)
+            work.get_future().then(lambda _: seen["callback"].append(torch.get_num_threads()))
+            work.wait()
+            time.sleep(0.2)  # the callback ran (on the group's thread or here)
+    finally:
+        torch.set_num_threads(before)
+    return seen
+
+
+def test_folds_run_on_one_thread_and_the_callers_count_is_kept() -> None:
+    if "parallel backend: OpenMP" not in torch.__config__.parallel_info():
+        pytest.skip("torch's thread count is per thread with OpenMP only")
+    for seen in run_on_ranks(_thread_counts, 2):
+        assert set(seen["fold"]) == {1}  # and not empty
+        assert seen["caller"] == [2, 2]
+        assert seen["callback"] == [2]
