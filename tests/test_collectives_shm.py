@@ -507,7 +507,7 @@ def _thread_counts() -> dict[str, list[int]]:
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with mock.patch.dict(_shm_engine.REDUCERS, {shm.dist.ReduceOp.SUM: add}):
+        with mock.patch.dict(_shm_engine.REDUCERS, {torch.distributed.ReduceOp.SUM: add}):
             for numel in (50_001, 300_001):  # in place, one barrier; chunked, two per chunk
                 all_reduce(torch.ones(numel))
                 seen["caller"].append(torch.get_num_threads())
