@@ -185,3 +185,51 @@ def test_quick_bench_on_two_local_ranks(tmp_path: Path) -> None:
         assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * bus_factor(row["op"], 2))
         assert row["nbytes"] in (1024, 32768, 1 << 20)
     print(f"quick bench on 2 local ranks: {elapsed:.1f} s")  # shown with -s / in the report
+
+
+def _compare_on_rank() -> tuple[list[BenchRow], int, str]:
+    import os
+
+    import torch
+
+    from distcompat.collectives import _shm_path
+    from distcompat.collectives._shm_engine import Engine
+
+    os.environ.pop("DISTCOMPAT_SHM", None)  # the user's setting: auto
+    _shm_path.reset()
+    config = BenchConfig(
+        ops=("all_reduce", "all_to_all_single"), sizes=[4096], iterations=4, warmup=1,
+        compare_shm=True,
+    )  # fmt: skip
+    rows = measure(config, device=torch.device("cpu"))
+    engine = _shm_path._groups.get(torch.distributed.group.WORLD)
+    calls = engine.calls if isinstance(engine, Engine) else -1
+    return rows, calls, _shm_path.choice().mode
+
+
+def test_compare_shm_times_each_call_down_both_paths() -> None:
+    """``--compare-shm`` on 2 real ranks: a shared-memory row and a gloo row per op and size;
+    only the shared-memory calls went through the path (warm-up and timed: 5), besides the four
+    MAX all-reduces of the times (one per row, under the user's auto); the setting comes back."""
+    rows, calls, mode = run_on_ranks(_compare_on_rank, world_size=2)[0]
+    assert [(r.op, r.path) for r in rows] == [
+        ("all_reduce", "shared memory"), ("all_reduce", "gloo"),
+        ("all_to_all_single", "shared memory"), ("all_to_all_single", "gloo"),
+    ]  # fmt: skip
+    assert calls == 5 + 4
+    assert mode == "auto"
+    header = BenchHeader(world_size=2, num_nodes=1, launcher="env", backend="gloo",
+                         device="cpu", dtype="float32", iterations=4, warmup=1,
+                         torch_version="2.13.0", compared=True)  # fmt: skip
+    lines = BenchReport(header=header, rows=rows).table().splitlines()
+    assert lines[4].startswith("# paths: each call through shared memory and through gloo")
+    assert lines[5].split()[-2:] == ["path", "speedup"]
+    assert lines[6].split()[-3:-1] == ["shared", "memory"]
+    assert lines[6].split()[-1].endswith("x")
+    assert lines[7].split()[-1] == "gloo"
+
+
+def test_compare_shm_is_for_cpu_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_bench_command(_parse("--compare-shm", "--device", "cuda")) == 2
+    assert "--compare-shm compares CPU collectives" in capsys.readouterr().err
+    assert config_from_options(_parse("--compare-shm", "--quick")).compare_shm

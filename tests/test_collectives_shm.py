@@ -339,26 +339,34 @@ def test_the_ddp_hook_averages_gradients_through_shared_memory() -> None:
         assert calls >= 1
 
 
-def _auto() -> tuple[bool, bool, str, str]:
-    from distcompat.collectives import all_reduce, explain_collective
+def _auto() -> tuple[bool, bool, bool, str, str]:
+    from distcompat.collectives import all_reduce, broadcast, explain_collective
 
     configure(mode="auto")
-    tiny, big = torch.ones(1), torch.ones(1 << 14)
+    tiny, big = torch.ones(1), torch.ones(1 << 14)  # 4 bytes; 64 KiB
+    before = calls_on_path()
+    broadcast(tiny, src=0)
+    tiny_took = calls_on_path() != before
+    broadcast(big, src=0)
+    big_took = calls_on_path() > max(before, 0)
     before = calls_on_path()
     all_reduce(tiny)
-    tiny_took = calls_on_path() != before
-    all_reduce(big)
-    big_took = calls_on_path() > max(before, 0)
-    plans = str(explain_collective("all_reduce", tiny)), str(explain_collective("all_reduce", big))
+    tiny_reduce_took = calls_on_path() > before
+    plans = (
+        str(explain_collective("broadcast", tiny)),
+        str(explain_collective("broadcast", big)),
+    )
     configure()
-    return tiny_took, big_took, *plans
+    return tiny_took, big_took, tiny_reduce_took, *plans
 
 
-def test_auto_keeps_tiny_all_reduces_on_gloo_and_says_why() -> None:
-    tiny_took, big_took, tiny_plan, big_plan = run_on_ranks(_auto, 2)[0]
-    assert (tiny_took, big_took) == (False, True)
-    assert "gloo: 4 bytes is below the 1024 bytes" in tiny_plan
-    assert "path: shared memory: all 2 ranks on this machine" in big_plan
+def test_auto_keeps_tiny_broadcasts_of_more_than_two_ranks_on_gloo_and_says_why() -> None:
+    """Under ``auto``: a 4-byte broadcast of 3 ranks stays on gloo (``MIN_BYTES``), a 64 KiB
+    one takes the path, and so does a 4-byte all_reduce (no floor)."""
+    tiny_took, big_took, tiny_reduce_took, tiny_plan, big_plan = run_on_ranks(_auto, 3)[0]
+    assert (tiny_took, big_took, tiny_reduce_took) == (False, True, True)
+    assert "gloo: 4 bytes is below the 65536 bytes" in tiny_plan
+    assert "path: shared memory: all 3 ranks on this machine" in big_plan
 
 
 def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:

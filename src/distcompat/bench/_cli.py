@@ -83,6 +83,11 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
     add("--dtype", choices=sorted(_DTYPES), default="float32", help="element type (float32)")
     add("--device", default="auto", help="run device: auto, cpu, cuda (default: auto)")
     add("--backend", default=None, help="collective backend (default: from the device)")
+    add(
+        "--compare-shm",
+        action="store_true",
+        help="CPU: time each call through shared memory and through gloo in turn (speedup column)",
+    )
     add("--json", type=Path, default=None, metavar="PATH", help="also write the rows as JSON")
     add("--plot", type=Path, default=None, metavar="PATH", help="also plot busbw (matplotlib)")
     return parser
@@ -114,8 +119,16 @@ def config_from_options(options: argparse.Namespace) -> BenchConfig:
     iterations, warmup = int(pick("iters")), int(pick("warmup"))
     if iterations < 1 or warmup < 0:
         raise ValueError(f"--iters={iterations} must be >= 1 and --warmup={warmup} >= 0")
+    compare = bool(getattr(options, "compare_shm", False))
+    if compare and getattr(options, "device", "cpu") not in ("auto", "cpu"):
+        raise ValueError(f"--compare-shm compares CPU collectives, not --device={options.device}")
     return BenchConfig(
-        ops=ops, sizes=sizes, iterations=iterations, warmup=warmup, dtype=_DTYPES[options.dtype]
+        ops=ops,
+        sizes=sizes,
+        iterations=iterations,
+        warmup=warmup,
+        dtype=_DTYPES[options.dtype],
+        compare_shm=compare,
     )
 
 
@@ -130,6 +143,7 @@ def _child_argv(options: argparse.Namespace) -> list[str]:
         value = getattr(options, name)
         if value is not None:
             argv += ["--" + name, str(value.resolve())]
+    argv += ["--compare-shm"] if options.compare_shm else []
     return argv + (["--quick"] if options.quick else [])
 
 
@@ -152,6 +166,7 @@ def _run_rank(config: BenchConfig, options: argparse.Namespace, launch: LaunchEn
         iterations=config.iterations,
         warmup=config.warmup,
         torch_version=torch.__version__,
+        compared=config.compare_shm,
     )
     report = BenchReport(header=header, rows=rows)
     sys.stdout.write(report.table() + "\n")

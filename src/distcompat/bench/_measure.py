@@ -9,13 +9,19 @@ Per op and size: warm-up calls, a barrier, then timed calls one by one (the cloc
 call returns and, on an accelerator, after the device synchronised). Each iteration counts as
 long as its slowest rank took (one MAX all-reduce of the times at the end), so the percentiles
 describe the collective, not one rank's view of it.
+
+With ``compare_shm`` (CPU tensors), each iteration times the call once through shared memory and
+once through gloo (``DISTCOMPAT_SHM=on`` / ``off`` for that call, the order alternating), so the
+two rows of an op and size saw the same moments of the machine.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -23,8 +29,9 @@ import torch.distributed as dist
 from distcompat import collectives
 from distcompat._ranks import barrier, get_world_size
 from distcompat.bench._stats import OPS, BenchRow
+from distcompat.collectives import _shm_path as shm_path
 
-__all__ = ["BenchConfig", "measure"]
+__all__ = ["PATHS", "BenchConfig", "measure"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +43,16 @@ class BenchConfig:
     iterations: int = 20
     warmup: int = 5
     dtype: torch.dtype = torch.float32
+    compare_shm: bool = False  # time each call through shared memory and through gloo
+
+
+#: The paths ``compare_shm`` measures, and the setting that sends a call down each.
+PATHS: dict[str, Literal["on", "off"]] = {"shared memory": "on", "gloo": "off"}
+
+
+def _through(path: str) -> contextlib.AbstractContextManager[None]:
+    """Send the calls in the block down ``path`` ('' leaves the user's setting)."""
+    return shm_path.forced(PATHS[path]) if path else contextlib.nullcontext()
 
 
 def _call(
@@ -93,29 +110,38 @@ def measure(config: BenchConfig, *, device: torch.device) -> list[BenchRow]:
         >>> rows[0].op, rows[0].nbytes, rows[0].iterations
         ('all_reduce', 64, 3)
     """
+    if config.compare_shm and device.type != "cpu":
+        raise ValueError(f"compare_shm compares CPU collectives; the run device is {device}")
     world = get_world_size()
     sync = _synchronizer(device)
+    paths = tuple(PATHS) if config.compare_shm else ("",)
     rows = []
     for op in config.ops:
         for size in config.sizes:
             call, nbytes, count = _call(op, size, world, config.dtype, device)
-            for _ in range(config.warmup):
-                call()
+            for path in paths:
+                with _through(path):
+                    for _ in range(config.warmup):
+                        call()
             sync()
             barrier()
-            times = []
-            for _ in range(config.iterations):
-                start = time.perf_counter()
-                call()
-                sync()
-                times.append(time.perf_counter() - start)
-            rows.append(
+            times: dict[str, list[float]] = {path: [] for path in paths}
+            for index in range(config.iterations):
+                for path in paths if index % 2 == 0 else paths[::-1]:
+                    with _through(path):
+                        start = time.perf_counter()
+                        call()
+                        sync()
+                        times[path].append(time.perf_counter() - start)
+            rows += [
                 BenchRow.from_times(
                     op,
                     nbytes=nbytes,
                     count=count,
                     world_size=world,
-                    times_s=_slowest_rank(times, device),
+                    times_s=_slowest_rank(times[path], device),
+                    path=path,
                 )
-            )
+                for path in paths
+            ]
     return rows

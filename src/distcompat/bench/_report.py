@@ -60,21 +60,27 @@ class BenchHeader:
     warmup: int
     torch_version: str
     path: str = PATH
+    compared: bool = False  # --compare-shm: a shared-memory row and a gloo row per op and size
 
     def describe(self) -> str:
         """Return the lines printed above the table, each starting with ``#``."""
-        return "\n".join(
-            (
-                f"# distcompat bench: {self.world_size} ranks on {self.num_nodes} node(s) "
-                f"({self.launcher}), backend {self.backend}, device {self.device}, "
-                f"{self.dtype}, torch {self.torch_version}",
-                f"# calls: {self.path}",
-                f"# latency: p50/p95 over {self.iterations} calls after {self.warmup} warm-up, "
-                "each call timed on its slowest rank; size = the op's whole buffer",
-                "# algbw = size / p50; busbw = algbw * nccl-tests' factor (all_reduce 2(n-1)/n; "
-                "all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1)",
+        lines = [
+            f"# distcompat bench: {self.world_size} ranks on {self.num_nodes} node(s) "
+            f"({self.launcher}), backend {self.backend}, device {self.device}, "
+            f"{self.dtype}, torch {self.torch_version}",
+            f"# calls: {self.path}",
+            f"# latency: p50/p95 over {self.iterations} calls after {self.warmup} warm-up, "
+            "each call timed on its slowest rank; size = the op's whole buffer",
+            "# algbw = size / p50; busbw = algbw * nccl-tests' factor (all_reduce 2(n-1)/n; "
+            "all_gather, reduce_scatter, all_to_all (n-1)/n; broadcast 1)",
+        ]
+        if self.compared:
+            lines.append(
+                "# paths: each call through shared memory and through gloo in turn "
+                "(DISTCOMPAT_SHM=on / off for it); speedup = gloo p50 / shared-memory p50; "
+                "ops the path does not carry go to gloo both times"
             )
-        )
+        return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,16 +101,23 @@ class BenchReport:
             >>> print(BenchReport(header=header, rows=[row]).table().splitlines()[-1])
             broadcast                  1 KiB         256      10.0      10.0     0.102     0.102
         """
-        lines = [
-            self.header.describe(),
+        paths = any(r.path for r in self.rows)
+        head = (
             f"{'op':<22} {'size':>9} {'count':>11} {'p50 us':>9} {'p95 us':>9} "
-            f"{'algbw':>9} {'busbw':>9}",
-        ]
-        lines += [
-            f"{r.op:<22} {format_bytes(r.nbytes):>9} {r.count:>11} {r.p50_us:>9.1f} "
-            f"{r.p95_us:>9.1f} {r.algbw_gbps:>9.3f} {r.busbw_gbps:>9.3f}"
-            for r in self.rows
-        ]
+            f"{'algbw':>9} {'busbw':>9}"
+        )
+        lines = [self.header.describe(), head + (f" {'path':<14} {'speedup':>8}" if paths else "")]
+        gloo = {(r.op, r.nbytes): r.p50_us for r in self.rows if r.path == "gloo"}
+        for r in self.rows:
+            line = (
+                f"{r.op:<22} {format_bytes(r.nbytes):>9} {r.count:>11} {r.p50_us:>9.1f} "
+                f"{r.p95_us:>9.1f} {r.algbw_gbps:>9.3f} {r.busbw_gbps:>9.3f}"
+            )
+            if paths:
+                base = gloo.get((r.op, r.nbytes))
+                ratio = "" if r.path == "gloo" or not base else f"{base / r.p50_us:.2f}x"
+                line += f" {r.path:<14} {ratio:>8}"
+            lines.append(line)
         return "\n".join(lines)
 
     def to_json(self) -> str:

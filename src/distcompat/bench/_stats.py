@@ -134,10 +134,18 @@ class BenchRow:
     algbw_gbps: float
     busbw_gbps: float
     bus_factor: float
+    path: str = ""  # with --compare-shm: "shared memory" or "gloo"
 
     @classmethod
     def from_times(
-        cls, op: str, *, nbytes: int, count: int, world_size: int, times_s: list[float]
+        cls,
+        op: str,
+        *,
+        nbytes: int,
+        count: int,
+        world_size: int,
+        times_s: list[float],
+        path: str = "",
     ) -> BenchRow:
         """Summarise per-iteration times (seconds) of ``op`` moving ``nbytes`` on ``world_size``.
 
@@ -160,4 +168,5 @@ class BenchRow:
             algbw_gbps=algbw,
             busbw_gbps=algbw * factor,
             bus_factor=factor,
+            path=path,
         )

@@ -19,14 +19,15 @@ failure rather than a choice). :func:`status` says which path a group takes and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,7 @@ __all__ = [
     "engaged",
     "engine_for",
     "floor_bytes",
+    "forced",
     "host_reason",
     "reduces",
     "reset",
@@ -67,14 +69,16 @@ __all__ = [
 #: ranks the size made no difference (benchmarks/README.md).
 SLOT_BYTES = 1 << 20
 #: Under ``DISTCOMPAT_SHM=auto``, the smallest tensor (bytes) each op sends through shared memory,
-#: at 2 ranks and at more: below it gloo measured as fast or faster, or the two runs disagreed
-#: (benchmarks/README.md, 2 and 4 ranks on 2 cores).
+#: at 2 ranks and at more: below it gloo measured as fast or faster, or the runs disagreed
+#: (benchmarks/README.md, 2 and 4 ranks on 2 cores). Since synchronous calls run in place
+#: (2026-11-26), every op and size measured faster through shared memory at 2 ranks in three runs
+#: (4 B: 1.08-2.59x); a broadcast below 64 KiB at 4 ranks measured 0.98-1.10x, so it stays on gloo.
 MIN_BYTES: dict[str, tuple[int, int]] = {
-    "all_reduce": (1 << 10, 1 << 10),
-    "broadcast": (1 << 20, 16 << 20),
+    "all_reduce": (0, 0),
+    "broadcast": (0, 64 << 10),
     "all_gather_into_tensor": (0, 0),
-    "reduce_scatter_tensor": (1 << 10, 0),
-    "reduce_scatter": (1 << 10, 0),  # the list form: reduce_scatter_tensor of the concatenation
+    "reduce_scatter_tensor": (0, 0),
+    "reduce_scatter": (0, 0),  # the list form: reduce_scatter_tensor of the concatenation
 }
 #: The collectives that take the path where it applies (the others always use the backend).
 WIRED = frozenset(
@@ -106,6 +110,30 @@ def choice() -> ShmChoice:
     if _choice is None:
         _choice = choose_shm()
     return _choice
+
+
+@contextlib.contextmanager
+def forced(mode: Literal["on", "off"]) -> Iterator[None]:
+    """Inside the block, send this process's CPU collectives through shared memory or not.
+
+    For measuring the two paths side by side (``distcompat bench --compare-shm``): every rank
+    must enter and leave the block at the same point of its calls. ``on`` where the group has
+    no path (another machine, no room) still goes to the backend.
+
+    Example:
+        >>> with forced("off"):
+        ...     choice().mode
+        'off'
+    """
+    global _choice
+    saved = _choice
+    _choice = ShmChoice(mode=mode, reason=f"{mode}: set for a measurement of both paths")
+    floors.clear()
+    try:
+        yield
+    finally:
+        _choice = saved
+        floors.clear()
 
 
 def reset() -> None:
