@@ -8,8 +8,10 @@ same inputs, and every rank's result bytes with every other's.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +58,23 @@ def configure(mode: str = "on", slot_bytes: int = TEST_SLOT_BYTES) -> None:
     shm.SLOT_BYTES = slot_bytes
     shm.reset()
     all_reduce(torch.zeros(1))  # every rank: decide the path (and set it up) now
+
+
+@contextlib.contextmanager
+def configured(mode: str, slot_bytes: int = TEST_SLOT_BYTES) -> Iterator[None]:
+    """:func:`configure` for the block, then this rank's earlier setting again (pool ranks serve
+    later tests too)."""
+    before, slot_before = os.environ.get("DISTCOMPAT_SHM"), shm.SLOT_BYTES
+    configure(mode, slot_bytes)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("DISTCOMPAT_SHM", None)
+        else:
+            os.environ["DISTCOMPAT_SHM"] = before
+        shm.SLOT_BYTES = slot_before
+        shm.reset()
 
 
 def calls_on_path(group: Any = None) -> int:

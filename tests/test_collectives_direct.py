@@ -62,9 +62,13 @@ def test_the_default_group_is_read_where_torch_keeps_it() -> None:
 
 
 def _reuse() -> dict[str, Any]:
-    from shm_cases import configure
+    from shm_cases import configured
 
-    configure(mode="auto")  # tiny calls stay on gloo, whatever an earlier test left set
+    with configured("off"):  # the gloo fast path is under test (auto sends these to shared memory)
+        return _reuse_on_gloo()
+
+
+def _reuse_on_gloo() -> dict[str, Any]:
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(1))  # the group's first call looks it up (general path)
     _direct._spare_rows.clear()
