@@ -19,6 +19,13 @@ of more than one rank that an earlier call already looked up; no checked mode, s
 or capability-probe results that would change the call. The options keep ``asyncOp`` at its
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
 
+Where the group's ranks share a machine (``_shm_path``) and the tensor is at or above the
+path's floor, the same functions send the call through shared memory instead of the
+ProcessGroup, with the same checks and records: an async call becomes the engine's work, and a
+synchronous one runs in place (``Engine.all_reduce_now`` / ``Engine.run_now``), handing back a
+work only if its wait outlasted the first slice or it failed. A group whose path is unusable
+goes to the general path, which then takes the backend.
+
 An active watchdog (on by default) keeps the fast path: the call is recorded right after it is
 issued, by appending its raw record (``diagnostics._records.Raw``) to ``Watchdog.queue`` in
 place, not through a method: right after a wait, one more Python call cost a tiny all_reduce
@@ -521,8 +528,8 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
 #: Receive buffers of finished tiny reduce-scatters, by (dtype, ranks, chunk elements): a fresh
 #: ``new_empty`` cost 2 us of a 4-byte call (benchmarks/README.md). A buffer comes back here
 #: only after its rows were reduced (the backend is done with it); a failed call's is dropped.
-#: At most ``_SPARE_KEYS`` sizes and ``_SPARE_EACH`` buffers of each (all below the shared-memory
-#: path's floor) are kept.
+#: At most ``_SPARE_KEYS`` sizes and ``_SPARE_EACH`` buffers of each (calls that take gloo: the
+#: shared-memory path off, or a group across machines) are kept.
 _spare_rows: dict[tuple[torch.dtype, int, int], list[torch.Tensor]] = {}
 _SPARE_KEYS = 32
 _SPARE_EACH = 4
@@ -551,7 +558,7 @@ def reducescatter(
 
     ``all_to_all_single`` of the flat input into a (world, chunk) buffer, then the same local
     reduction over the rows (``_reduce_ops.local_reduce``: bit-identical results), for
-    contiguous tensors below the shared-memory path's floor. gloo's own reduce_scatter took
+    contiguous tensors (through shared memory at or above its floor). gloo's own reduce_scatter took
     longer than its all-to-all here (benchmarks/README.md), and has no future. Written out as
     :func:`allreduce` is; the receive buffer comes from :data:`_spare_rows` when one is free.
     """

@@ -7,12 +7,13 @@ the segment, then waits for every peer's word to show the same barrier of the sa
     barrier.start("all_reduce", signature)
     barrier.meet()                                          # every rank has arrived here
 
-A rank that finds a peer not yet arrived looks a few times, then sleeps in the Linux futex wait
-on that peer's word (``syscall(SYS_futex)`` through ctypes, which releases the GIL), woken by the
-peer's arrival, so 4 ranks on 2 cores do not starve each other. Every ``_SLICE_S`` a sleeping
-rank looks at the peers it waits for: a process that is gone raises :class:`PeerLostError`
-naming it; past the group's timeout, :class:`CollectiveTimeoutError` names the ranks that did not
-arrive (the stopped ones, where some are), or that arrived with another call.
+A rank that finds a peer not yet arrived looks a few times, then sleeps in the Linux futex wait on
+that peer's word (``syscall(SYS_futex)`` through ctypes, which releases the GIL), woken by the
+peer's arrival (the sleeper marks the word first, so an arrival nobody sleeps on costs no syscall:
+``Segment.arrive``), so 4 ranks on 2 cores do not starve each other. Every ``_SLICE_S`` a sleeping
+rank looks at the peers it waits for: a process that is gone raises :class:`PeerLostError` naming
+it; past the group's timeout, :class:`CollectiveTimeoutError` names the ranks that did not arrive
+(the stopped ones, where some are), or that arrived with another call.
 """
 
 from __future__ import annotations

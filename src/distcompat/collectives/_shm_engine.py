@@ -15,11 +15,13 @@ are bit-identical on all ranks. Tensors up to ``SMALL_BYTES`` take one barrier i
 rank folds every slot itself, in the same order. ``broadcast``, ``all_gather_into_tensor`` and
 ``reduce_scatter_tensor`` need one barrier per chunk.
 
-An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls
-run in the caller's thread (after any async ops of the group still pending), also when the
-watchdog waits for them in bounded slices; async calls run in issue order on one thread per
-group. Both hand back a ``ShmWork``, which has the ``wait(timeout)`` / ``get_future()`` of a
-backend Work, so :func:`issue`, the watchdog and :class:`CompatWork` treat it as one.
+An op is a generator that yields at each barrier, so it can be run in slices. Synchronous calls run
+in the caller's thread (after any async ops of the group still pending), also when the watchdog
+waits for them in bounded slices; while nothing is pending, the fast paths run them in place
+(``run_now``, and ``all_reduce_now`` for a small all_reduce without even the generator) and make a
+work only if the wait outlasts the first slice; async calls run in issue order on one thread per
+group. Both hand back a ``ShmWork``, which has the ``wait(timeout)`` / ``get_future()`` of a backend
+Work, so :func:`issue`, the watchdog and :class:`CompatWork` treat it as one.
 """
 
 from __future__ import annotations
