@@ -109,15 +109,20 @@ def _timed(fn: Callable[[], Any], cuda: bool = False) -> float:
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    """Runs on every rank; rank 0's timings are reported."""
-    wrapper = _wrapper_cost()
-    return {
-        "rows": _rows(quick),
-        "wrapper_us": wrapper["warm"],
-        "wrapper_cold_us": wrapper["cold"],
-        "coalesced": _coalesced(quick),
-        "overlap": _overlap(quick),
-    }
+    """Runs on every rank; rank 0's timings are reported.
+
+    distcompat's own cost over the same backend: the shared-memory path is off (under ``auto``
+    it takes every size of these calls, and the table would compare transports; ``--shm`` does).
+    """
+    with shm.forced("off"):
+        wrapper = _wrapper_cost()
+        return {
+            "rows": _rows(quick),
+            "wrapper_us": wrapper["warm"],
+            "wrapper_cold_us": wrapper["cold"],
+            "coalesced": _coalesced(quick),
+            "overlap": _overlap(quick),
+        }
 
 
 def measure_cuda(quick: bool) -> dict[str, Any]:
@@ -213,12 +218,12 @@ def _wrapper_cost(
     a shared 2-core box, which hides a few microseconds of Python; this isolates them. Blocks of
     ``calls / rounds`` calls alternate between the two sides; the median difference is reported.
 
-    The shared-memory path is off here (``DISTCOMPAT_SHM=off``): it takes tiny all-gathers
-    itself, so a no-op backend would not stand in for the op there; the end-to-end rows measure
-    it. distcompat's reduce_scatter_tensor is an all-to-all (a no-op here) plus a local
-    reduction of the rows, which stays in its cost: gloo's own reduction is inside the no-op.
-    The fast paths keep the ProcessGroup class's all-to-all function once looked up
-    (``_direct._exchanges``): emptied here, so they find the no-op (and later the real one).
+    The shared-memory path is off here (:func:`measure` runs everything with it off): a no-op
+    backend would not stand in for its ops. distcompat's reduce_scatter_tensor is an all-to-all
+    (a no-op here) plus a local reduction of the rows, which stays in its cost: gloo's own
+    reduction is inside the no-op. The fast paths keep the ProcessGroup class's all-to-all
+    function once looked up (``_direct._exchanges``): emptied here, so they find the no-op (and
+    later the real one).
     """
     t, out, inp = torch.ones(1), torch.empty(2), torch.ones(2)
     pg_type = type(tdist.group.WORLD)
@@ -247,9 +252,6 @@ def _wrapper_cost(
     }
     cost: dict[str, float] = {}
     cold: dict[str, float] = {}
-    shm_setting = os.environ.get("DISTCOMPAT_SHM")
-    os.environ["DISTCOMPAT_SHM"] = "off"
-    shm.reset()
     try:
         for name in real:
             setattr(pg_type, name, lambda *args, **kwargs: done)
@@ -278,11 +280,6 @@ def _wrapper_cost(
         for name, fn in real.items():
             setattr(pg_type, name, fn)
         _direct._exchanges.clear()
-        if shm_setting is None:
-            del os.environ["DISTCOMPAT_SHM"]
-        else:
-            os.environ["DISTCOMPAT_SHM"] = shm_setting
-        shm.reset()
     return {"warm": cost, "cold": cold}
 
 
@@ -429,8 +426,14 @@ def measure_tiny(rounds: int) -> dict[str, Any]:
     p50 of each, and the p50 of distcompat less raw taken pair by pair within a round (less
     sensitive to the machine's drift than a difference of two p50s). The third column switches
     the watchdog off for one call (``_checked.watch`` is what the fast paths read), which shows
-    what the watchdog's record costs end to end.
+    what the watchdog's record costs end to end. The shared-memory path is off (see
+    :func:`measure`).
     """
+    with shm.forced("off"):
+        return _tiny(rounds)
+
+
+def _tiny(rounds: int) -> dict[str, Any]:
     from distcompat.collectives import _checked
 
     watcher = _checked.watch

@@ -172,12 +172,17 @@ def two_node_argv(
 
 
 def node_env(ctx: Context, node: int, *, ifname: bool = True) -> dict[str, str]:
-    """The environment on node ``node``, with ``GLOO_SOCKET_IFNAME`` its veth unless told not.
+    """The environment on node ``node``, with ``GLOO_SOCKET_IFNAME`` its veth unless told not,
+    and the shared-memory path off.
 
     Without it, ``EXPECT_IFNAME_VAR`` tells the probe which interface init should pick itself.
     """
     assert ctx.nodes is not None
     env = dict(ctx.env)
+    # The namespace nodes stand in for two machines, but they share this one's boot id, pid
+    # namespace and /dev/shm, so distcompat would rightly join their ranks through shared
+    # memory: off keeps the collectives on the veth, as between real hosts (and under its faults).
+    env["DISTCOMPAT_SHM"] = "off"
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ctx.nodes.interfaces[node]
     else:
