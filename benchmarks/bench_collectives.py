@@ -472,9 +472,12 @@ SHM_OPS = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_
 
 def measure_shm(quick: bool) -> list[dict[str, Any]]:
     """Shared memory (every call through it) vs raw gloo; runs on every rank, rank 0 reports."""
+    with shm.forced("on"):
+        return _shm_rows(quick)
+
+
+def _shm_rows(quick: bool) -> list[dict[str, Any]]:
     world = tdist.get_world_size()
-    os.environ["DISTCOMPAT_SHM"] = "on"
-    shm.reset()
     rows = []
     for op in SHM_OPS:
         for nbytes in SIZES[:4] if quick else SIZES:
@@ -501,8 +504,6 @@ def measure_shm(quick: bool) -> list[dict[str, Any]]:
                     "auto_takes": "shm" if nbytes >= shm.MIN_BYTES[op][world > 2] else "gloo",
                 }
             )  # fmt: skip
-    del os.environ["DISTCOMPAT_SHM"]
-    shm.reset()
     return rows
 
 

@@ -264,7 +264,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     if tensor.nbytes >= (
         _shm_path.floor_bytes("all_reduce", state.world) if floor is None else floor
     ):
-        engine = _shm_path.engaged(pg, "all_reduce", tensor)
+        engine = _shm_path.engaged(pg)
         if engine is None:
             return SKIP  # the path is not usable on this group: the general path decides
     shape = tensor.shape
@@ -300,7 +300,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     if not async_op:  # written out: the most common call of all
         wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
         if engine is not None:  # shared memory: runs here; a work only if not done in the slice
-            work = engine.all_reduce_now(tensor, op, wait.total_seconds() or None)
+            work = engine.all_reduce_now(tensor, op, wait)
             if work is None:
                 return None
         try:
@@ -342,7 +342,7 @@ def broadcast(
     if tensor.nbytes >= (
         _shm_path.floor_bytes("broadcast", state.world) if floor is None else floor
     ):
-        engine = _shm_path.engaged(pg, "broadcast", tensor)
+        engine = _shm_path.engaged(pg)
         if engine is None:
             return SKIP  # the path is not usable on this group: the general path decides
     shape = tensor.shape
@@ -374,7 +374,7 @@ def broadcast(
     if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
         wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
         if engine is not None:  # as in allreduce
-            work = engine.run_now("broadcast", call, wait.total_seconds() or None)
+            work = engine.run_now("broadcast", call, wait)
             if work is None:
                 return None
         try:
@@ -482,7 +482,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         return SKIP
     engine = gather = None
     if output.nbytes >= _floor("all_gather_into_tensor", state.world):
-        engine = _shm_path.engaged(pg, "all_gather_into_tensor", output)
+        engine = _shm_path.engaged(pg)
         if engine is None:
             return SKIP  # the path is not usable on this group: the general path decides
     else:
@@ -519,7 +519,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     if work is None:  # shared memory, synchronous: as in allreduce
         assert engine is not None
         wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-        work = engine.run_now("all_gather_into_tensor", call, wait.total_seconds() or None)
+        work = engine.run_now("all_gather_into_tensor", call, wait)
         if work is None:
             return None
     return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
@@ -597,7 +597,7 @@ def reducescatter(
     if input.nbytes >= (
         _shm_path.floor_bytes("reduce_scatter_tensor", world) if floor is None else floor
     ):
-        engine = _shm_path.engaged(pg, "reduce_scatter_tensor", input)
+        engine = _shm_path.engaged(pg)
         if engine is None:
             return SKIP  # the path is not usable on this group: the general path decides
     shape = input.shape
@@ -678,7 +678,7 @@ def _reduce_scatter_shm(
             watcher.drain()
     if work is None:  # synchronous: as in allreduce
         wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-        work = engine.run_now("reduce_scatter_tensor", call, wait.total_seconds() or None)
+        work = engine.run_now("reduce_scatter_tensor", call, wait)
         if work is None:
             return None
     return _settle(work, "reduce_scatter_tensor", group, [output], async_op, watcher, raw)

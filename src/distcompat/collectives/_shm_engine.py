@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -151,6 +152,11 @@ def _fold(small: _Small, terms: list[torch.Tensor], out: torch.Tensor) -> Steps:
     yield from ()
 
 
+def _until(wait: timedelta) -> float | None:
+    """Return when a wait of ``wait`` from now ends (``time.monotonic()``); None for zero."""
+    return time.monotonic() + wait.total_seconds() if wait else None
+
+
 def _part(count: int, world: int, rank: int, itemsize: int) -> tuple[int, int]:
     """Return rank's [lo, hi) element range of a ``count``-element chunk (cache-line aligned)."""
     align = max(1, _ALIGN // itemsize)
@@ -195,36 +201,49 @@ class Engine:
             self._pending or self.broken or (open_work is not None and not open_work.is_completed())
         )
 
-    def run_now(self, op: str, call: Call, wait_s: float | None) -> ShmWork | None:
+    def run_now(self, op: str, call: Call, wait: timedelta) -> ShmWork | None:
         """Run ``call`` here, synchronously: None once done, else its work to wait for.
 
         While the group is :meth:`idle`, without the work's machinery (an event, a future, the
-        driving loop): the handed-back work is then one whose wait ran past ``wait_s`` (a
-        watchdog's first slice; it goes on from the barrier it waits at) or that failed (its
-        ``wait()`` raises). Otherwise the work is one not started, run by its ``wait()``.
+        driving loop): the handed-back work is then one whose wait ran past ``wait`` (a
+        watchdog's first slice; zero means no limit, as for ``Work.wait``), going on from the
+        barrier it waits at, or one that failed (its ``wait()`` raises). Otherwise the work is
+        one not started, run by its ``wait()``.
         """
         if not self.idle():
             return self.work(op, call)
         self.calls += 1
         barrier = self.barrier
         barrier.start(op, call.signature)
-        until = None if wait_s is None else time.monotonic() + wait_s
+        until = _until(wait)
         threads = _serial()
         try:
             for _ in call.steps:
                 target = barrier.arrive()
                 if not barrier.wait_for(target, until):
-                    work = self._open = ShmWork(self, op, call)
-                    work.target = target
-                    return work
+                    return self._unfinished(op, call, target)
         except CollectiveError as exc:
-            self.broken = self.broken or str(exc)
-            work = ShmWork(self, op, call)
-            work.settle(exc)
-            return work
+            return self._failed(op, call, exc)
         finally:
             _give_back(threads)
         return None
+
+    def _unfinished(self, op: str, call: Call, target: int) -> ShmWork:
+        """Return the work of an op run in place whose wait at barrier ``target`` ran out.
+
+        Its ``wait()`` goes on from that barrier with the op's remaining steps; until it ends the
+        group is not :meth:`idle`, so the next call waits for it first.
+        """
+        work = self._open = ShmWork(self, op, call)
+        work.target = target
+        return work
+
+    def _failed(self, op: str, call: Call, error: CollectiveError) -> ShmWork:
+        """Mark the path broken and return a settled work whose ``wait()`` raises ``error``."""
+        self.broken = self.broken or str(error)
+        work = ShmWork(self, op, call)
+        work.settle(error)
+        return work
 
     def run(self, op: str, call: Call, async_op: bool) -> ShmWork | None:
         """Run ``call`` to the end here (sync), or return its work (async: see :meth:`work`)."""
@@ -358,20 +377,20 @@ class Engine:
         )
         return found
 
-    def all_reduce_now(self, tensor: torch.Tensor, op: Any, wait_s: float | None) -> ShmWork | None:
+    def all_reduce_now(self, tensor: torch.Tensor, op: Any, wait: timedelta) -> ShmWork | None:
         """All-reduce a small contiguous ``tensor`` here and now: None once done, else its work.
 
         The synchronous small all_reduce (up to ``SMALL_BYTES``, nothing else of the group in
         flight, ``op`` one of SUM, MIN and MAX) without an op object, a generator or a future:
         the same steps, barrier and signature as ``_all_reduce``'s one-barrier case, so peers
-        may run either. The work handed back is one still to wait for (``wait_s`` seconds, a
+        may run either. The work handed back is one still to wait for (``wait``, a
         watchdog's first slice, passed first: its wait goes on from the barrier), one that failed
         (its ``wait()`` raises), or, off that case, one not started.
         """
         nbytes = tensor.nbytes
         if nbytes > self._small_bytes or not self.idle():
             flat = tensor if tensor.dim() == 1 else tensor.view(-1)
-            return self.run_now("all_reduce", self.all_reduce(flat, op), wait_s)
+            return self.run_now("all_reduce", self.all_reduce(flat, op), wait)
         self.calls += 1
         small = self._smalls.get((tensor.dtype, tensor.shape, op)) or self._small(tensor, op)
         barrier = self.barrier
@@ -381,18 +400,13 @@ class Engine:
         _move(self.segment.address(buffer, self.rank), tensor.data_ptr(), nbytes)
         target = barrier.arrive()
         try:
-            done = barrier.wait_for(target, None if wait_s is None else time.monotonic() + wait_s)
+            done = barrier.wait_for(target, _until(wait))
         except CollectiveError as exc:
-            self.broken = self.broken or str(exc)
-            work = ShmWork(self, "all_reduce", Call(small.signature, iter(())))
-            work.settle(exc)
-            return work
+            return self._failed("all_reduce", Call(small.signature, iter(())), exc)
         terms = small.views[buffer]
         if not done:  # the wait goes on in the work: the fold is its one remaining step
-            work = ShmWork(self, "all_reduce", Call(small.signature, _fold(small, terms, tensor)))
-            work.target = target
-            self._open = work
-            return work
+            rest = Call(small.signature, _fold(small, terms, tensor))
+            return self._unfinished("all_reduce", rest, target)
         threads = _serial()
         try:
             _fold_into(small.fold, terms, tensor)

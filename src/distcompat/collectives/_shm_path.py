@@ -174,23 +174,18 @@ def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | No
         collective, dist.get_world_size(key)
     ):
         return None
-    found = _groups.get(key)
-    if found is None:
-        found = _groups[key] = _set_up(key)
-    if isinstance(found, Engine) and not found.broken:
-        return found
-    return None
+    return engaged(key)
 
 
-def engaged(pg: Any, collective: str, tensor: torch.Tensor) -> Engine | None:
-    """Return ``pg``'s engine if the path is set up and usable (set it up on the first call).
+def engaged(pg: Any) -> Engine | None:
+    """Return ``pg``'s engine if the path is usable there (the first call sets it up).
 
     For the fast paths (``_direct``), which checked the floor and the tensor themselves: one
     dict lookup once the group has decided.
     """
     found = _groups.get(pg)
     if found is None:
-        return engine_for(pg, collective, tensor)
+        found = _groups[pg] = _set_up(pg)
     if isinstance(found, Engine) and not found.broken:
         return found
     return None
