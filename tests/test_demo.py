@@ -203,6 +203,18 @@ def test_config_survives_the_trip_through_flags(
     assert config_from_options(parser.parse_args(["demo", *config.to_argv()])) == config
 
 
+def test_every_default_in_help_reads_as_a_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    shown = re.findall(r"\(default: ([^)]*)\)", text)
+    assert len(shown) >= 15, text
+    assert not [d for d in shown if "<" in d or "object at" in d or "MISSING" in d], shown
+    assert "(default: distcompat-demo)" in text
+    assert "(default: 0.003)" in text
+    assert "(default: 300)" in text  # the float 300.0 reads as a person writes it
+
+
 def test_config_rejects_resume_past_the_end() -> None:
     with pytest.raises(DemoConfigError, match="--checkpoint-at=5"):
         DemoConfig(out=Path("o"), steps=5, checkpoint_at=5)

@@ -32,10 +32,19 @@ from distcompat.demo._plot import MissingExtraError, plot_scaling, require_matpl
 from distcompat.demo._train import run_rank
 from distcompat.launch import LaunchEnv, LaunchEnvError
 
-__all__ = ["EXIT_USAGE", "add_demo_parser", "config_from_options", "run_demo_command"]
+__all__ = [
+    "DEFAULT_OUT",
+    "EXIT_USAGE",
+    "add_demo_parser",
+    "config_from_options",
+    "run_demo_command",
+    "shown_default",
+]
 
 #: Exit code for a bad flag or an environment the demo cannot run in.
 EXIT_USAGE = 2
+#: Where ``distcompat demo`` writes when ``--out`` is left out.
+DEFAULT_OUT = Path("distcompat-demo")
 
 _HELP: dict[str, str] = {
     "out": "folder for manifest.json, timings.jsonl, checkpoints, corpus (seen by every rank)",
@@ -61,6 +70,30 @@ _HELP: dict[str, str] = {
 }
 
 
+def shown_default(name: str) -> str:
+    """Return the ``" (default: ...)"`` suffix of a flag's help ("" when the help says it).
+
+    ``out`` has no dataclass default (a config names its folder); the command's is
+    :data:`DEFAULT_OUT`. Floats print as a person writes them, byte counts also in MiB.
+
+    Example:
+        >>> shown_default("out"), shown_default("lr"), shown_default("corpus_bytes")
+        (' (default: distcompat-demo)', ' (default: 0.003)', ' (default: 1048576 = 1 MiB)')
+        >>> shown_default("nproc")   # None: the help text explains the default itself
+        ''
+    """
+    if name == "out":
+        return f" (default: {DEFAULT_OUT})"
+    default = next(item.default for item in fields(DemoConfig) if item.name == name)
+    if default is None or isinstance(default, bool):
+        return ""
+    if isinstance(default, float):
+        return f" (default: {default:g})"
+    if name.endswith("_bytes") and isinstance(default, int) and default >= 1 << 20:
+        return f" (default: {default} = {default / (1 << 20):g} MiB)"
+    return f" (default: {default})"
+
+
 def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
     """Add the ``demo`` subcommand to ``commands`` (what ``add_subparsers()`` returned).
 
@@ -82,17 +115,13 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
             "pass, 3 when one fails, 1 when a rank fails, 2 for a usage error."
         ),
     )
-    defaults = {item.name: item.default for item in fields(DemoConfig)}
     for item in fields(DemoConfig):
         flag = "--" + item.name.replace("_", "-")
-        default = defaults[item.name]
-        shown = "" if default is None else f" (default: {default})"
+        shown = shown_default(item.name)
         if item.name == "sweep":
             parser.add_argument(flag, action="store_true", help=_HELP[item.name])
         elif item.name == "out":
-            parser.add_argument(
-                flag, type=Path, default=Path("distcompat-demo"), help=_HELP["out"] + shown
-            )
+            parser.add_argument(flag, type=Path, default=DEFAULT_OUT, help=_HELP["out"] + shown)
         else:
             kind = {"lr": float, "timeout_s": float, "device": str, "backend": str}.get(
                 item.name, int
