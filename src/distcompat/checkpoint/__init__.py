@@ -9,12 +9,20 @@ The lines a training script writes (every rank calls both, each with its own sta
 
 :class:`AsyncCheckpointer` does the same from a background thread, after copying the state.
 
+A run that must survive a lost rank writes one line at the top instead, the same on the first
+start and on every restart (``_resume``)::
+
+    resumed = resume("ckpt", model=model, optimizer=optimizer, loader=loader)   # step 0: fresh
+    ... save_checkpoint("ckpt", step, training_state(model=model, optimizer=optimizer,
+                                                      loader=loader), keep_last=3)
+
 Single files: :func:`atomic_save` is ``torch.save`` that never leaves a torn file, and
 :func:`atomic_write_bytes` / :func:`atomic_write_json` do the same for bytes and JSON.
 
 The commit protocol, what it guarantees under which failure, and what it costs are described in
 ``docs/checkpoints.md``. Modules: ``_atomic`` (durable single-file writes), ``_manifest`` (layout
-and verification), ``_sync`` (the save's collectives), ``_save``, ``_load``, ``_async``.
+and verification), ``_sync`` (the save's collectives), ``_save``, ``_load``, ``_async``,
+``_resume`` (resume a run: agree on a step, load every object).
 """
 
 from distcompat._files import (
@@ -38,12 +46,21 @@ from distcompat.checkpoint._manifest import (
     committed_steps,
     verify_checkpoint,
 )
+from distcompat.checkpoint._resume import (
+    RESUME_FORMAT,
+    Resumed,
+    ResumeStateError,
+    Stateful,
+    resume,
+    training_state,
+)
 from distcompat.checkpoint._save import save_checkpoint
 from distcompat.checkpoint._sync import DEFAULT_SYNC_TIMEOUT_S
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
     "DEFAULT_SYNC_TIMEOUT_S",
+    "RESUME_FORMAT",
     "AsyncCheckpointer",
     "CheckpointCorruptError",
     "CheckpointExistsError",
@@ -51,6 +68,9 @@ __all__ = [
     "CheckpointSyncError",
     "Manifest",
     "ManifestFile",
+    "ResumeStateError",
+    "Resumed",
+    "Stateful",
     "WorldSizeMismatchError",
     "atomic_save",
     "atomic_write_bytes",
@@ -58,6 +78,8 @@ __all__ = [
     "committed_steps",
     "latest_checkpoint",
     "load_checkpoint",
+    "resume",
     "save_checkpoint",
+    "training_state",
     "verify_checkpoint",
 ]

@@ -1,0 +1,115 @@
+"""One rank of a tiny resumable training run, started by tests/test_checkpoint_resume.py.
+
+    python _resume_script.py --ckpt DIR --result FILE [--kill RANK@STEP] [--kill-in step|save]
+
+Each step every rank takes one sample index from a ``ShardedSampler`` (shuffled, ``mode="drop"``),
+makes its input from the index, and takes an SGD-with-momentum step on the all-reduced gradient.
+The model also counts, in a buffer, how often each sample was trained on (the counts of every
+rank are all-reduced), so the buffer in the final state proves exactly-once across kills and
+restarts: a step that was not committed is rolled back with the counts it added. The run starts
+with ``resume`` and saves ``training_state`` every ``--every`` steps. At the end rank 0 writes
+``FILE``: the counts, the SHA-256 of the parameters, the step it resumed from and what it skipped.
+
+``--kill R@S``: rank R SIGKILLs itself at step S, before the step (``--kill-in step``) or while
+pickling its state in the save of step S (``--kill-in save``: a real kill in the middle of a save).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import distcompat
+from distcompat.checkpoint import resume, save_checkpoint, training_state
+from distcompat.data import ShardedSampler
+
+
+class Counted(torch.nn.Module):
+    """A linear model and a buffer counting how often each sample was trained on."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(4, generator=generator, dtype=torch.float64))
+        self.seen: torch.Tensor
+        self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
+
+
+class _KillWhilePickled:
+    """Pickling it (inside ``torch.save``) kills this process: a SIGKILL in the middle of a save."""
+
+    def __reduce__(self) -> Any:
+        os.kill(os.getpid(), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+
+def _sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + index)
+    x = torch.randn(4, generator=generator, dtype=torch.float64)
+    return x, x.sum() * 0.5
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=24)
+    parser.add_argument("--every", type=int, default=2)
+    parser.add_argument("--kill", default="")
+    parser.add_argument("--kill-in", choices=("step", "save"), default="step")
+    args = parser.parse_args()
+    kill_rank, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
+
+    info = distcompat.init_distributed(device="cpu", timeout=30)
+    model = Counted(args.samples)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = ShardedSampler(range(args.samples), shuffle=True, seed=7, mode="drop")
+    resumed = resume(args.ckpt, model=model, optimizer=optimizer, loader=sampler)
+    indices = iter(sampler)
+    step = resumed.step
+    for index in indices:  # the rest of epoch 0, re-sharded over this world size
+        step += 1
+        if info.rank == kill_rank and step == kill_step and args.kill_in == "step":
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = _sample(index)
+        loss = (model.weight @ x - y) ** 2
+        loss.backward()  # type: ignore[no-untyped-call]
+        assert model.weight.grad is not None
+        distcompat.all_reduce(model.weight.grad)
+        model.weight.grad /= info.world_size
+        counts = torch.zeros(args.samples, dtype=torch.int64)
+        counts[index] = 1
+        distcompat.all_reduce(counts)
+        model.seen += counts
+        optimizer.step()
+        optimizer.zero_grad()
+        if step % args.every == 0:
+            bomb = info.rank == kill_rank and step == kill_step and args.kill_in == "save"
+            extra = {"bomb": _KillWhilePickled()} if bomb else {}
+            state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=extra)
+            save_checkpoint(args.ckpt, step, state, keep_last=2)
+    if info.rank == 0:
+        digest = hashlib.sha256(bytes(model.weight.detach().view(torch.uint8).tolist()))
+        result = {
+            "seen": model.seen.tolist(),
+            "sha256": digest.hexdigest(),
+            "resumed_step": resumed.step,
+            "skipped": list(resumed.skipped),
+            "last_step": step,
+            "world_size": info.world_size,
+        }
+        args.result.write_text(json.dumps(result), encoding="utf-8")
+    distcompat.destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
