@@ -34,7 +34,6 @@ import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -49,13 +48,10 @@ from distcompat.collectives._agree_posts import (
     signature_text,
 )
 from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
-from distcompat.collectives._errors import (
-    PeerLostError,
-    raise_typed,
-)
+from distcompat.collectives._errors import CollectiveError, raise_typed
 from distcompat.collectives._group import FALLBACK_TIMEOUT_S, global_rank, group_timeout_s
 from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._peers import gone_peers
+from distcompat.collectives._wait import POLL, POLL_S, Wait, polled, until, work_ready
 from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
 
 __all__ = [
@@ -77,12 +73,6 @@ __all__ = [
 ]
 
 ENV_VAR = MISMATCH_VARIABLE
-#: How often a rank blocked in a collective looks for a peer's question (seconds).
-POLL_S = 0.5
-#: The same as a timedelta, for ``Work.wait``.
-POLL = timedelta(seconds=POLL_S)
-#: Longest pause between two looks at the store while waiting for the other ranks' posts.
-_MAX_PAUSE_S = 0.02
 #: Steps remembered per group; beyond this the set starts again (every rank at the same call).
 _MAX_AGREED = 4096
 #: Recent signatures kept per group, to answer a question about a call already made.
@@ -92,10 +82,6 @@ _RED_OP_TYPE = type(dist.ReduceOp.SUM)
 
 #: True once some group has a store to check through: issue() then waits in POLL_S slices.
 listening = False
-#: Called every ``POLL_S`` while this rank waits for its peers' posts, with the op and the wait's
-#: monotonic start: the watchdog's check (set by ``_checked.set_hooks``), so a rank stuck outside
-#: any collective is reported while its peer waits here as it would be inside the collective.
-on_wait: Callable[[str, float], None] | None = None
 
 
 @dataclass(slots=True)
@@ -260,8 +246,10 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     The group's first call is checked by every rank (nothing is agreed yet), so it first
     compares a code of the signature with one tiny all-gather on the group itself, which notices
     a dead or stopped peer as any collective does; the texts are posted only on a disagreement.
-    A store that does not answer is asked again until the group's timeout, which then ends the
-    wait with :class:`CollectiveTimeoutError`.
+    Both waits are the group's :func:`~distcompat.collectives._wait.until` ("in the mismatch
+    check"): watched by the watchdog, and ended by the group's timeout with
+    :class:`CollectiveTimeoutError` naming the ranks whose post is missing. A store that does not
+    answer is asked again until then.
     """
     store = state.store
     assert store is not None  # only checked groups get here
@@ -269,7 +257,7 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     deadline = started + state.wait_s
     if seq == 0:  # set before any peer can read it (after this call)
         _retry(lambda: store.set(f"ask/{state.rank}", "0"), sig, seq, state, deadline)
-        if _codes_agree(state, sig, group):
+        if _codes_agree(state, sig, group, started):
             state.posted.add(seq)
             return
     post = "arrived|" + signature_text(sig)
@@ -277,28 +265,30 @@ def _check(state: _State, seq: int, sig: tuple[Any, ...], group: Any) -> None:
     _retry(lambda: store.set(f"s/{seq}/{state.rank}", post), sig, seq, state, deadline)
     state.posted.add(seq)
     keys = [f"s/{seq}/{r}" for r in range(state.world)]
-    asked_at, pause = started, 0.0005
-    while True:  # polled: a store.wait that times out logs a C++ warning
+    reached = [True]  # did the store answer the last look (else: no one to name, no answers)
+
+    def posted() -> bool:
         try:
-            if store.check(keys):
-                break
-            reached = True
+            reached[0] = True
+            return store.check(keys)
         except StoreUnreachable:
-            reached = False
-        now = time.monotonic()
-        if now > deadline:
-            absent = _absent(store, keys, group) if reached else None
-            raise late_error(sig[0], seq, state.wait_s, absent)
-        if now - asked_at > POLL_S:  # meanwhile, peers may be asking about an earlier call
-            if reached:
-                with contextlib.suppress(StoreUnreachable):
-                    answer(group)
-                _raise_if_gone(sig[0], group)
-            if on_wait is not None:
-                on_wait(sig[0], started)  # the watchdog: may report, or raise HangError
-            asked_at = now
-        time.sleep(pause)
-        pause = min(pause * 2, _MAX_PAUSE_S)
+            reached[0] = False
+            return False
+
+    def between() -> None:  # meanwhile, peers may be asking about an earlier call
+        if reached[0]:
+            with contextlib.suppress(StoreUnreachable):
+                answer(group)
+
+    wait = Wait(
+        op=sig[0],
+        phase="mismatch check",
+        group=group,
+        started=started,
+        deadline=deadline,
+        awaited=lambda: _absent(store, keys, group) if reached[0] else None,
+    )
+    until(polled(posted), wait, between=between)
     values: list[bytes] = _retry(lambda: store.multi_get(keys), sig, seq, state, deadline)
     posts = [value.decode() for value in values]
     if all(post.split("|", 1)[1] == posts[0].split("|", 1)[1] for post in posts):
@@ -328,28 +318,31 @@ def _absent(store: QuickStore, keys: list[str], group: Any) -> tuple[int, ...] |
         return None
 
 
-def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any) -> bool:
-    """Return whether every rank's signature code equals this rank's (one all-gather)."""
+def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any, started: float) -> bool:
+    """Return whether every rank's signature code equals this rank's (one all-gather).
+
+    Waited on as the mismatch check: a rank whose ``ask`` key is missing never reached the call.
+    """
+    store = state.store
+    assert store is not None
     mine = torch.tensor([zlib.crc32(signature_text(sig).encode())], dtype=torch.int64)
     codes = torch.empty(state.world, dtype=torch.int64)
+    asked = [f"ask/{r}" for r in range(state.world)]
+    wait = Wait(
+        op=sig[0],
+        phase="mismatch check",
+        group=group,
+        started=started,
+        deadline=started + state.wait_s,
+        awaited=lambda: _absent(store, asked, group),
+    )
     try:
-        all_gather_flat(codes, mine, group=group)
+        until(work_ready(all_gather_flat(codes, mine, group=group, async_op=True)), wait)
+    except CollectiveError:
+        raise
     except RuntimeError as exc:
         raise_typed(exc, sig[0], group)
     return bool((codes == mine).all())
-
-
-def _raise_if_gone(op: str, group: Any) -> None:
-    """Raise :class:`PeerLostError` if a peer on this machine ended while this rank waits."""
-    gone = gone_peers(group)
-    if gone:
-        raise PeerLostError(
-            f"{op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-            f"{', '.join(map(str, gone))}) while the ranks compared this call",
-            op=op,
-            peer=gone[0],
-            peers=gone,
-        )
 
 
 def answer(group: Any) -> None:
@@ -382,25 +375,23 @@ def answer(group: Any) -> None:
             raise mismatch_error(mine.split(",", 1)[0], seq, posts)
 
 
-def wait_answering(work: Any, group: Any) -> None:
+def wait_answering(work: Any, group: Any, op: str = "collective") -> None:
     """Wait for a backend ``work``, answering peers' questions every ``POLL_S`` seconds.
 
-    If the store stops answering (a network partition), the rest of the wait is the op's own,
-    whose timeout then ends it with the backend's error; a short outage passes unseen.
+    The wait is :func:`~distcompat.collectives._wait.until`'s ("in the backend wait"), so the
+    watchdog sees it; the backend's own timeout ends it. If the store stops answering (a network
+    partition), the rest of the wait asks no more: a short outage passes unseen.
     """
-    while True:
-        started = time.monotonic()
-        try:
-            work.wait(POLL)
-            return
-        except RuntimeError:
-            if time.monotonic() - started < POLL_S * 0.99:
-                raise  # not our slice running out: the op failed
-        try:
-            answer(group)
-        except StoreUnreachable:
-            work.wait()
-            return
+    answering = [True]
+
+    def between() -> None:
+        if answering[0]:
+            try:
+                answer(group)
+            except StoreUnreachable:
+                answering[0] = False
+
+    until(work_ready(work), Wait(op=op, phase="backend wait", group=group), between=between)
 
 
 def _join_pending(posts: list[str], group: Any) -> None:

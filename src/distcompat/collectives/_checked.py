@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _agree
+from distcompat.collectives import _agree, _wait
 from distcompat.collectives._agree import unchecked
 from distcompat.collectives._errors import CollectiveMismatchError
 from distcompat.collectives._native import all_gather_flat
@@ -83,7 +83,8 @@ def set_hooks(pre_call: PreCall | None, watcher: Any, *, general: bool = False) 
     _pre_call, watch, _hooked = pre_call, watcher, general
     _active = _enabled or pre_call is not None or watcher is not None
     _general = _enabled or general
-    _agree.on_wait = None if watcher is None else watcher.agreement_wait
+    _wait.observer = watcher
+    _wait.explain = None if watcher is None else watcher.explain
 
 
 def step_aside() -> None:

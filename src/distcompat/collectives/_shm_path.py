@@ -22,16 +22,17 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import time
 import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
 from distcompat.collectives._peers import Identity
 from distcompat.collectives._shm_barrier import Barrier
@@ -45,6 +46,7 @@ from distcompat.collectives._shm_segment import (
     platform_problem,
     sweep_leftovers,
 )
+from distcompat.collectives._wait import Wait, polled, until
 from distcompat.launch._settings import ShmChoice, choose_shm
 
 __all__ = [
@@ -174,18 +176,18 @@ def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | No
         collective, dist.get_world_size(key)
     ):
         return None
-    return engaged(key)
+    return engaged(key, collective)
 
 
-def engaged(pg: Any) -> Engine | None:
-    """Return ``pg``'s engine if the path is usable there (the first call sets it up).
+def engaged(pg: Any, op: str = "collective") -> Engine | None:
+    """Return ``pg``'s engine if the path is usable there (the first call, ``op``, sets it up).
 
     For the fast paths (``_direct``), which checked the floor and the tensor themselves: one
     dict lookup once the group has decided.
     """
     found = _groups.get(pg)
     if found is None:
-        found = _groups[pg] = _set_up(pg)
+        found = _groups[pg] = _set_up(pg, op)
     if isinstance(found, Engine) and not found.broken:
         return found
     return None
@@ -265,8 +267,13 @@ def _local_problem(key: Any) -> str:
     return platform_problem()
 
 
-def _set_up(key: Any) -> Engine | ShmStatus:
-    """Decide with the group's other ranks, and set the path up if every rank can take it."""
+def _set_up(key: Any, op: str) -> Engine | ShmStatus:
+    """Decide with the group's other ranks, and set the path up if every rank can take it.
+
+    The set-up waits for every rank through ``_wait.until`` ("in the shared-memory set-up"),
+    bounded by the group's timeout: a rank that never comes ends the call with
+    :class:`CollectiveTimeoutError` naming it, as the collective itself would.
+    """
     if backend_for(key, torch.device("cpu")) != "gloo":
         return ShmStatus(
             engaged=False, reason="the group's CPU backend is not gloo"
@@ -278,8 +285,10 @@ def _set_up(key: Any) -> Engine | ShmStatus:
     except (AttributeError, RuntimeError, ValueError) as exc:
         return ShmStatus(engaged=False, reason=f"no store to set the path up through ({exc})")
     try:
-        outcome = _agree_and_map(key, store)
-    except (RuntimeError, ValueError) as exc:  # a store wait ran out: a rank never came
+        outcome = _agree_and_map(key, store, op)
+    except CollectiveError:
+        raise  # a rank never came, or went away: the collective's own error
+    except (RuntimeError, ValueError) as exc:  # the store failed
         outcome = ShmStatus(
             engaged=False, reason=f"failed: setup did not complete on every rank: {exc}"
         )
@@ -295,16 +304,33 @@ def _set_up(key: Any) -> Engine | ShmStatus:
     return outcome
 
 
-def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
+def _wait_for(store: Any, keys: list[str], key: Any, op: str, started: float, limit: float) -> None:
+    """Wait until every one of ``keys`` is in ``store``; the group's timeout ends the wait."""
+
+    def missing() -> tuple[int, ...]:
+        return tuple(global_rank(key, r) for r, k in enumerate(keys) if not store.check([k]))
+
+    wait = Wait(
+        op=op,
+        phase="shared-memory set-up",
+        group=key,
+        started=started,
+        deadline=started + limit,
+        awaited=missing,
+    )
+    until(polled(lambda: bool(store.check(keys))), wait)
+
+
+def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
     rank, world = dist.get_rank(key), dist.get_world_size(key)
-    wait = timedelta(seconds=group_timeout_s(key))
+    started, limit = time.monotonic(), group_timeout_s(key)
     generation = (int(store.add(f"{_KEY}/setups", 1)) - 1) // world  # this setup's number
     base = f"{_KEY}/{generation}"
     me = Identity.here()
     hello = {"identity": me.to_json(), "problem": platform_problem()}
     store.set(f"{base}/hello/{rank}", json.dumps(hello))
     keys = [f"{base}/hello/{r}" for r in range(world)]
-    store.wait(keys, wait)
+    _wait_for(store, keys, key, op, started, limit)
     hellos = [json.loads(store.get(k)) for k in keys]
     for r, other in enumerate(hellos):
         if other["problem"]:
@@ -330,6 +356,7 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
             problem = f"failed on rank {global_rank(key, 0)}: {exc.strerror or exc}"
             store.set(f"{base}/name", "!" + problem)
     else:
+        _wait_for(store, [f"{base}/name"], key, op, started, limit)
         name = store.get(f"{base}/name").decode()
         if name.startswith("!"):
             problem = name[1:]
@@ -342,7 +369,7 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
     store.set(f"{base}/mapped/{rank}", "!" + problem if problem else "ok")
     keys = [f"{base}/mapped/{r}" for r in range(world)]
     try:
-        store.wait(keys, wait)
+        _wait_for(store, keys, key, op, started, limit)
         posts = [store.get(k).decode() for k in keys]
     finally:
         if rank == 0 and segment is not None:
@@ -353,5 +380,5 @@ def _agree_and_map(key: Any, store: Any) -> Engine | ShmStatus:
             segment.close()
         return ShmStatus(engaged=False, reason=failed[0] if failed else problem)
     peers = {r: (global_rank(key, r), identities[r]) for r in range(world) if r != rank}
-    barrier = Barrier(segment, rank, peers, wait.total_seconds())
+    barrier = Barrier(segment, rank, peers, limit)
     return Engine(segment, barrier, rank=rank, world=world)

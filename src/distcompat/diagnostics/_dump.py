@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from distcompat._files import atomic_write_json
+from distcompat.collectives._wait import current as current_wait
 from distcompat.diagnostics._records import (
     TORCH_DIR,
     CollectiveRecord,
@@ -102,7 +103,14 @@ def rank_state(recorder: Recorder, *, rank: int, reason: str) -> RankState:
         published=time.time(),
         stacks=current_stacks(),
         main_frames=main_frames(),
+        phase=_phase(),
     )
+
+
+def _phase() -> str:
+    """Say which wait on peers the main thread is in ('' if none outlasted its first slice)."""
+    wait = current_wait()
+    return "" if wait is None else wait.describe()
 
 
 def dump_path(directory: Path, *, job: str, incident: int, rank: int) -> Path:

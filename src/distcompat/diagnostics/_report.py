@@ -27,7 +27,9 @@ class RankState:
     ``started``/``completed`` count collectives per group label; ``world_group`` is the label of
     the default group (every rank is a member); ``published`` is the wall-clock time it was made;
     ``main_frames`` are the innermost frames of the main thread that are the user's code
-    (``file:line in function``, innermost first), which say where a rank outside any collective is.
+    (``file:line in function``, innermost first), which say where a rank outside any collective is;
+    ``phase`` is the wait on peers the main thread is in, if any ("in the mismatch check of
+    all_reduce", "in the shared-memory set-up of all_reduce", "in the backend wait of ...").
 
     Example:
         >>> s = RankState(rank=1, host="h", pid=7, reason="alarm", world_group="0",
@@ -48,6 +50,7 @@ class RankState:
     published: float
     stacks: str | None = field(default=None, compare=False)
     main_frames: tuple[str, ...] = ()
+    phase: str = ""
 
     def doing(self) -> str:
         """Say what the rank was doing: the collective it waits in, or where its main thread is."""
@@ -55,7 +58,8 @@ class RankState:
             where = f"; main thread at {' <- '.join(self.main_frames)}" if self.main_frames else ""
             return "not in a distcompat collective" + where
         record = self.in_flight[0]
-        return f"waiting in {record.describe()} for {self.published - record.started:.1f}s"
+        phase = f", {self.phase}" if self.phase else ""
+        return f"waiting in {record.describe()} for {self.published - record.started:.1f}s{phase}"
 
     def to_json(self, *, with_stacks: bool = True) -> dict[str, Any]:
         """Return a JSON-ready dict; ``with_stacks=False`` leaves out the (large) stacks."""
@@ -72,6 +76,7 @@ class RankState:
             "published": self.published,
             "stacks": self.stacks if with_stacks else None,
             "main_frames": list(self.main_frames),
+            "phase": self.phase,
         }
 
     @classmethod
@@ -90,6 +95,7 @@ class RankState:
             published=float(data.get("published", 0.0)),
             stacks=data.get("stacks"),
             main_frames=tuple(str(f) for f in data.get("main_frames", ())),
+            phase=str(data.get("phase", "")),
         )
 
 

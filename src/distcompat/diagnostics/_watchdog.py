@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _agree
+from distcompat.collectives import _wait as waits
 from distcompat.collectives._errors import CollectiveMismatchError, PeerLostError, translate
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._config import Action, WatchdogConfig
@@ -66,12 +67,13 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
-        self._agreement_started: float | None = None  # the agreement wait already reported
+        self._reported: Raw | None = None  # the call whose wait was last declared a hang
+        self._opened: set[int] = set()  # waits (by id) that watch() marked in flight
         self._recorder = Recorder(config.history)
         self._desk = IncidentDesk(config, self._recorder)  # the thread, the reports, the dumps
         self._active = False
         #: A fast-path synchronous call's first wait: one answering slice, at most the timeout.
-        self.first_wait = timedelta(seconds=min(_agree.POLL_S, config.timeout))
+        self.first_wait = timedelta(seconds=min(waits.POLL_S, config.timeout))
         #: The fast paths' record (``collectives._direct``): ``Recorder.note`` itself, no layer
         #: between (a call costs microseconds right after a wait). A synchronous call then waits
         #: :attr:`first_wait` itself and calls :meth:`wait_late` only if that did not end it.
@@ -194,70 +196,78 @@ class Watchdog:
     def _bounded(
         self, work: Any, key: int, raw: Raw, started: float, op: str, group: Any, answer_first: bool
     ) -> None:
-        """Wait for ``work`` until ``started`` + timeout, in slices that answer peers."""
-        deadline = started + self.config.timeout
-        answering = _agree.answering()
-        slicing = answer_first and answering
-        while True:
-            if slicing:
+        """Wait for ``work`` as :func:`~distcompat.collectives._wait.until` does every wait.
+
+        The wait answers peers between slices while the mismatch check listens; :meth:`watch`
+        declares the hang once the call is ``timeout`` old; the backend's timeout ends it.
+        """
+        answering = [_agree.answering()]
+
+        def between() -> None:
+            if answering[0]:
                 try:
                     _agree.answer(group)  # a peer may be asking what this rank called
-                except CollectiveMismatchError:
-                    self._recorder.abandon(key)
-                    raise
                 except _agree.StoreUnreachable:
                     # A network partition: stop answering and wait for the op itself, whose own
                     # timeout gives the typed error; a short outage passes unseen.
-                    answering = False
-            begun = time.monotonic()
-            left = deadline - begun
-            slicing = answering and left > _agree.POLL_S  # else: the last piece
-            piece = _agree.POLL_S if slicing else max(left, 0.001)
-            try:  # a slice is _agree.POLL itself: no timedelta made on the common path
-                work.wait(_agree.POLL if slicing else timedelta(seconds=piece))
-                break
-            except RuntimeError as exc:
-                if time.monotonic() - begun < piece * 0.99:
-                    self._recorder.abandon(key)
-                    self._peer_failed(exc, op, group)  # not our timeout: a peer died or similar
-                    raise
-            if not slicing:
-                self._hung(to_record(raw), started, op)  # raises HangError unless "report"
-                self._wait_on(work, op, group)  # action="report": keep waiting, as torch would
-                break
+                    answering[0] = False
+
+        wait = waits.Wait(op=op, phase="backend wait", group=group, started=started, record=raw)
+        try:
+            if answer_first:
+                between()
+            waits.until(waits.work_ready(work), wait, between=between)
+        except CollectiveMismatchError:
+            self._recorder.abandon(key)
+            raise
+        except RuntimeError as exc:
+            self._recorder.abandon(key)
+            if not isinstance(exc, HangError):
+                self._peer_failed(exc, op, group)  # a peer died, or the group timeout
+            raise
         self._recorder.finished(key)
 
-    def agreement_wait(self, op: str, started: float) -> None:
-        """Treat the default mismatch check's wait for peers' posts as a hang once it is too long.
+    # --- the wait primitive's observer (collectives._wait.until calls these) ---------------
 
-        Called by ``collectives._agree`` every ``POLL_S`` of that wait (``started`` is its
-        monotonic start). The call is shown in flight while the report is made, and not after,
-        since it has not been issued yet; one report per wait.
+    def watch(self, wait: waits.Wait) -> None:
+        """Show a wait that outlasted a slice in flight; past the timeout, declare a hang.
+
+        The call's age counts from when it entered distcompat (its record's start), whatever
+        phase it is in now. One report per call; a raising watchdog raises HangError here.
         """
-        if time.monotonic() - started < self.config.timeout or self._agreement_started == started:
+        raw = wait.record
+        if raw is None:  # a wait before the backend call: the call's record is this thread's
+            raw = self._recorder.current()
+            if raw is None:
+                return
+            wait.record = self._recorder.late(id(wait), raw, started=raw[8])
+            self._opened.add(id(wait))
+        started = raw[8]
+        if time.monotonic() - started < self.config.timeout or self._reported is raw:
             return
-        self._agreement_started = started
-        key = id(self)  # no work exists yet: a key no real op uses while this wait lasts
-        raw = self._recorder.current()
-        if raw is None:
-            return
-        raw = self._recorder.late(key, raw, started=started)
-        try:
-            self._hung(to_record(raw), started, op)  # raises HangError unless only reporting
-        finally:
-            self._recorder.finished(key)
+        self._reported = raw
+        self._hung(to_record(raw), started, wait.op)  # raises HangError unless only reporting
 
-    @staticmethod
-    def _wait_on(work: Any, op: str, group: Any) -> None:
-        """Wait without a bound (the group timeout ends it); a failure is noted for the exit."""
-        try:
-            if _agree.answering():
-                _agree.wait_answering(work, group)
-            else:
-                work.wait()
-        except RuntimeError:
-            note_failure(f"{op}: the group timeout, after a reported hang")
-            raise
+    def release(self, wait: waits.Wait) -> None:
+        """Stop showing a watched wait's call in flight: the wait ended."""
+        if id(wait) in self._opened:
+            self._opened.discard(id(wait))
+            self._recorder.finished(id(wait))
+
+    def explain(self, absent: tuple[int, ...]) -> str:
+        """Return what the last report saw of the ``absent`` ranks, for a timeout error."""
+        report = self.last_report
+        if report is None:
+            return ""
+        lines = []
+        for rank in absent:
+            state = report.states.get(rank)
+            if state is not None:
+                lines.append(f"rank {rank} was {state.doing()}")
+        if not lines:
+            return ""
+        where = self.config.directory
+        return "\n".join(lines) + f" (hang report, incident {report.incident}: dumps in {where})"
 
     def track_async(self, handle: Any, raw: Raw | None = None) -> None:
         """Follow an async collective's handle until it completes (``raw``: its :meth:`note`)."""
