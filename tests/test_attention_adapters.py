@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from distcompat.attention import attend, explain_attention
-from distcompat.attention._adapters import fa_window, run_flash
+from distcompat.attention._adapters import fa_window, plan_call, run_plan
 from distcompat.attention._contract import canonical_window, visible_mask
 from distcompat.attention._kernels import (
     KernelProbe,
@@ -79,7 +79,7 @@ def test_flash_adapter_layout_window_and_result(
     k = v = torch.randn(2, 2, 9, 8)
     sig = sig_for(q, k, window)
     with override_kernels(probes={name: probe}):
-        out = run_flash(name, q, k, v, sig, 0.5)
+        out = run_plan(plan_call(name, sig, 0.5, bthd=False), q, k, v)
     assert fake.layout == (2, 9, 4, 8)  # FA got (B, T, H, D)
     assert fake.kwargs["causal"] is True
     assert fake.kwargs["softmax_scale"] == 0.5

@@ -20,7 +20,7 @@ from distcompat.attention import (
 )
 from distcompat.attention._contract import canonical_window
 from distcompat.attention._dispatch import decide
-from distcompat.attention._kernels import KernelProbe, _cached_probe, override_kernels, probe_kernel
+from distcompat.attention._kernels import KernelProbe, forget_probes, override_kernels, probe_kernel
 from distcompat.attention._rules import CallSignature
 from distcompat.launch._host import override_host, probe_host
 
@@ -110,7 +110,7 @@ def test_cpu_tensors_on_a_gpu_host_with_fa3_get_a_cpu_kernel(gpu_host: None) -> 
 def test_cpu_tensors_never_import_cuda_kernel_packages(
     gpu_host: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _cached_probe.cache_clear()
+    forget_probes()
     imported: list[str] = []
     real_import = __import__("importlib").import_module
 
@@ -122,7 +122,7 @@ def test_cpu_tensors_never_import_cuda_kernel_packages(
     q = torch.randn(1, 2, 4, 8, dtype=torch.bfloat16)
     explain_attention(q, q, q, causal=True, window=(1, 0))
     assert not [name for name in imported if "flash_attn" in name]
-    _cached_probe.cache_clear()
+    forget_probes()
 
 
 @pytest.mark.parametrize(
@@ -210,7 +210,7 @@ def test_kvcache_skips_fa4_and_builds_without_kvcache() -> None:
 
 
 def test_real_import_failures_are_recorded(monkeypatch: pytest.MonkeyPatch) -> None:
-    _cached_probe.cache_clear()
+    forget_probes()
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # import raises ImportError
     fake = types.ModuleType("flash_attn.cute")
     monkeypatch.setitem(sys.modules, "flash_attn", types.ModuleType("flash_attn"))
@@ -218,10 +218,10 @@ def test_real_import_failures_are_recorded(monkeypatch: pytest.MonkeyPatch) -> N
     try:
         fa3, fa4 = probe_kernel("fa3"), probe_kernel("fa4")
         fake.flash_attn_func = Recorder()  # type: ignore[attr-defined]
-        _cached_probe.cache_clear()
+        forget_probes()
         fa4_ok = probe_kernel("fa4")
     finally:
-        _cached_probe.cache_clear()
+        forget_probes()
     assert not fa3.available
     assert fa3.reason.startswith("import flash_attn_interface failed: ModuleNotFoundError")
     assert not fa4.available

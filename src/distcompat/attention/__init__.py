@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import torch
 
-from distcompat.attention._adapters import RUNNERS
 from distcompat.attention._contract import (
     AttentionInputError,
     Layout,
@@ -36,6 +35,7 @@ from distcompat.attention._dispatch import (
     signature_of,
 )
 from distcompat.attention._kvcache import attend_with_kvcache
+from distcompat.attention._plans import dispatch
 
 __all__ = [
     "ENV_VAR",
@@ -74,16 +74,17 @@ def attend(
         scale: softmax scale; ``None`` means ``1 / sqrt(D)``.
         layout: ``"bhtd"`` (SDPA's) or ``"bthd"`` (FlashAttention's).
 
+    The choice is looked up by the call's shapes, dtypes, devices, grad and arguments (a dict
+    lookup once warm); inside ``torch.compile`` it is a constant and the graph holds only the
+    chosen kernel's call.
+
     Example:
         >>> q = k = v = torch.randn(1, 2, 4, 8)
         >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         >>> torch.allclose(attend(q, k, v, causal=True), ref)
         True
     """
-    qb, kb, vb = to_bhtd(q, layout), to_bhtd(k, layout), to_bhtd(v, layout)
-    sig = signature_of(qb, kb, vb, causal=causal, window=window)
-    out: torch.Tensor = RUNNERS[decide(sig).impl](qb, kb, vb, sig, scale)
-    return out if layout == "bhtd" else out.transpose(1, 2)
+    return dispatch(q, k, v, causal=causal, window=window, scale=scale, layout=layout)
 
 
 def explain_attention(

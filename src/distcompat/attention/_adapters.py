@@ -1,11 +1,15 @@
 """How each implementation is called so that it keeps the contract of ``_contract``.
 
-Every runner takes (B, H, T, D) tensors and a :class:`~distcompat.attention._rules.CallSignature`
-and returns (B, H, Tq, D_v) in the input dtype. The SDPA runner picks the cheapest exact way to
-express the window (``is_causal``, no mask, a key slice for decode, else a cached bool mask)::
+A decision becomes a :class:`Plan`: the kernel to call and every constant argument of the call
+(flags, the cached bool mask, the first key a decode row can see, the rows to zero), worked out
+once, eagerly, from the call's :class:`~distcompat.attention._rules.CallSignature`.
+:func:`run_plan` is then nothing but the kernel call, so under ``torch.compile`` it traces to
+the kernel's own ops::
 
-    sdpa_strategy(sig)          # "is_causal" when causal and Tq == Tk
-    run_sdpa(q, k, v, sig, scale=None)
+    plan = plan_call("sdpa", sig, scale=None, bthd=False)   # is_causal=True, no mask
+    out = run_plan(plan, q, k, v)   # F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+A plan holds only Python constants and tensors, so ``torch.compile`` can take one as a constant.
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ import contextlib
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from distcompat.attention._contract import UNBOUNDED, has_dead_rows, to_fa4_window, visible_mask
+from distcompat.attention._contract import (
+    UNBOUNDED,
+    Window,
+    has_dead_rows,
+    to_fa4_window,
+    visible_mask,
+)
 from distcompat.attention._kernels import (
     flex_takes_gqa,
     probe_kernel,
@@ -31,17 +41,23 @@ from distcompat.attention._reference import math_attention
 from distcompat.attention._rules import CallSignature
 
 __all__ = [
-    "RUNNERS",
-    "run_flash",
-    "run_flex",
-    "run_math",
-    "run_sdpa",
+    "FLASH",
+    "Plan",
+    "call_sdpa",
+    "fa_window",
+    "plan_call",
+    "repeat_kv",
+    "run_plan",
     "sdpa_notes",
     "sdpa_strategy",
     "sdpa_with_dead_rows",
 ]
 
-Runner = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, CallSignature, float | None], Any]
+# Feature test: torch.compiler.is_compiling is missing from older torch builds.
+_is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
+
+#: The FlashAttention implementations; they take (B, T, H, D) tensors natively.
+FLASH = ("fa2", "fa3", "fa4")
 
 #: Notes added to an explanation where this torch needs a fallback (found by feature tests).
 SDPA_GQA_FALLBACK = (
@@ -67,6 +83,28 @@ SDPA_STRATEGIES: dict[str, str] = {
 }
 
 
+class Plan(NamedTuple):
+    """One decided call: the kernel and its constant arguments (Python constants and tensors).
+
+    ``mask`` is the bool mask the kernel takes (True = attend), ``dead`` the ``(Tq, 1)`` rows
+    to zero after it (only where the kernel would not), ``start`` the first key a decode row
+    can see (0: all), ``repeat`` how often K/V heads are repeated for a kernel without GQA.
+    """
+
+    impl: str
+    bthd: bool
+    window: Window
+    causal: bool = False
+    fa_window: tuple[int | None, int | None] = (UNBOUNDED, UNBOUNDED)
+    scale: float | None = None
+    gqa: bool = False
+    repeat: int = 1
+    start: int = 0
+    mask: torch.Tensor | None = None
+    dead: torch.Tensor | None = None
+    nan_rows: bool = False  # KV cache: the kernel gives NaN for a row that sees no key
+
+
 def sdpa_strategy(sig: CallSignature) -> str:
     """Name the cheapest exact SDPA call for this window (``is_causal`` only when Tq == Tk)."""
     left, right = sig.window
@@ -82,6 +120,11 @@ def sdpa_strategy(sig: CallSignature) -> str:
 def _rough_backward(sig: CallSignature) -> bool:
     cpu_grad = sig.device_type == "cpu" and sig.requires_grad and not sig.kvcache
     return cpu_grad and sig.dtype in sdpa_cpu_rough_backward()
+
+
+def _kernel_zeroes_dead_rows(sig: CallSignature) -> bool:
+    # Measured on CPU only (the feature test runs there); elsewhere rows are zeroed explicitly.
+    return sig.device_type == "cpu" and sdpa_zeroes_dead_rows()
 
 
 def sdpa_notes(sig: CallSignature) -> list[str]:
@@ -100,132 +143,49 @@ def sdpa_notes(sig: CallSignature) -> list[str]:
     return notes
 
 
-def _expand_kv(
-    k: torch.Tensor, v: torch.Tensor, sig: CallSignature
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-    if sig.hq == sig.hkv:
-        return k, v, {}
-    if sdpa_supports_gqa():
-        return k, v, {"enable_gqa": True}
-    groups = sig.hq // sig.hkv  # same grouping as enable_gqa: kv head h serves q heads h*g ..
-    return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), {}
+def _device(sig: CallSignature) -> torch.device:
+    if sig.device_index is None:
+        return torch.device(sig.device_type)
+    return torch.device(sig.device_type, sig.device_index)
 
 
-def zero_dead_rows(out: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Set to 0 every output row whose mask row is all False (no kernel's NaN survives)."""
-    return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+def _dead_rows(sig: CallSignature) -> torch.Tensor:
+    mask = visible_mask(sig.tq, sig.tk, *sig.window, _device(sig))
+    return ~mask.any(dim=-1, keepdim=True)  # (Tq, 1)
 
 
-def sdpa_with_dead_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    scale: float | None,
-    gqa: dict[str, Any],
-) -> torch.Tensor:
-    """SDPA under a bool mask that may have all-False rows; those rows come out 0, grads too.
-
-    Where SDPA gives NaN for such rows (``sdpa_zeroes_dead_rows`` is False), zeroing the output
-    is not enough: the NaN reaches q/k/v through the backward. Such rows then see every key
-    (finite, and their zeroed output sends no gradient back).
-    """
-    dead = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq, 1)
-    run_mask = mask if sdpa_zeroes_dead_rows() else mask | dead
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=run_mask, scale=scale, **gqa)
-    return out.masked_fill(dead, 0.0)
-
-
-def run_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
-) -> torch.Tensor:
-    """Run PyTorch SDPA and let it pick its kernel (CPU flash; CUDA flash/efficient/cuDNN)."""
-    if _rough_backward(sig):  # an sdpa_kernel(MATH) scope would not trace on such a torch
-        return run_math(q, k, v, sig, scale)
-    return _run_sdpa(q, k, v, sig, scale)
-
-
-def _run_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
-) -> torch.Tensor:
-    k, v, gqa = _expand_kv(k, v, sig)
+def _sdpa_plan(sig: CallSignature, scale: float | None, bthd: bool) -> Plan:
+    gqa = sig.hq != sig.hkv and sdpa_supports_gqa()
+    repeat = sig.hq // sig.hkv if sig.hq != sig.hkv and not gqa else 1
+    plan = Plan(impl="sdpa", bthd=bthd, window=sig.window, scale=scale, gqa=gqa, repeat=repeat)
+    if sig.kvcache:  # the mask is built per call from the lengths
+        return plan._replace(nan_rows=not _kernel_zeroes_dead_rows(sig))
     strategy = sdpa_strategy(sig)
+    left, right = sig.window
     if strategy == "is_causal":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, **gqa)
+        return plan._replace(causal=True)
     if strategy == "full":
-        return F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
-    left, right = sig.window
+        return plan
     if strategy == "decode_slice":
-        start = sig.tk - 1 - left
-        return F.scaled_dot_product_attention(
-            q, k[:, :, start:], v[:, :, start:], scale=scale, **gqa
-        )
-    mask = visible_mask(sig.tq, sig.tk, left, right, q.device)
-    if has_dead_rows(sig.tq, sig.tk, left, right):
-        return sdpa_with_dead_rows(q, k, v, mask, scale, gqa)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, **gqa)
+        return plan._replace(start=sig.tk - 1 - left)
+    mask = visible_mask(sig.tq, sig.tk, left, right, _device(sig))
+    if not has_dead_rows(sig.tq, sig.tk, left, right) or _kernel_zeroes_dead_rows(sig):
+        return plan._replace(mask=mask)
+    # NaN in such rows would reach q/k/v through the backward: let them see every key (finite),
+    # then zero their output (which sends no gradient back).
+    dead = _dead_rows(sig)
+    return plan._replace(mask=mask | dead, dead=dead)
 
 
-def run_math(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
-) -> torch.Tensor:
-    """Run the exact math of ``_reference`` with the contract's mask."""
+def _flex_plan(sig: CallSignature, scale: float | None, bthd: bool) -> Plan:
     left, right = sig.window
-    mask = None
-    if (left, right) != (UNBOUNDED, UNBOUNDED):
-        mask = visible_mask(sig.tq, sig.tk, left, right, q.device)
-    return math_attention(q, k, v, mask=mask, scale=scale)
-
-
-@functools.lru_cache(maxsize=64)
-def _flex_block_mask(tq: int, tk: int, left: int, right: int, device: torch.device) -> Any:
-    create_block_mask = probe_kernel("flex").functions["create_block_mask"]
-    offset = tk - tq
-
-    def mask_mod(b: Any, h: Any, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        pos = i + offset  # bottom-right aligned position of query row i
-        seen = j >= 0
-        if left != UNBOUNDED:
-            seen = seen & (j >= pos - left)
-        if right != UNBOUNDED:
-            seen = seen & (j <= pos + right)
-        return seen
-
-    return create_block_mask(mask_mod, None, None, tq, tk, device=device)
-
-
-@functools.cache
-def _flex_callable(device_type: str) -> Callable[..., Any]:
-    flex = probe_kernel("flex").functions["flex_attention"]
-    if device_type in ("cuda", "xpu"):
-        # Static shapes: on a second query length torch 2.11 recompiled flex with a symbolic one,
-        # and inductor found no kernel for it (NoValidChoicesError; an H100, Tq 256 then 64).
-        return torch.compile(flex, dynamic=False)
-    return flex  # CPU/MPS: forward only, eager (compiling costs 40-90 s on first call)
-
-
-def run_flex(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sig: CallSignature, scale: float | None
-) -> torch.Tensor:
-    """flex_attention with a block mask: compiled on CUDA/XPU, eager forward on CPU/MPS."""
-    left, right = sig.window
-    block_mask = None
-    if (left, right) != (UNBOUNDED, UNBOUNDED):
-        block_mask = _flex_block_mask(sig.tq, sig.tk, left, right, q.device)
-    flex = _flex_callable(q.device.type)
-    kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": scale}
-    if sig.hq != sig.hkv:
-        if flex_takes_gqa():
-            kwargs["enable_gqa"] = True
-        else:
-            k, v = (t.repeat_interleave(sig.hq // sig.hkv, dim=1) for t in (k, v))
-    with warnings.catch_warnings():
-        # Eager flex on CPU warns that it is unfused; the decision's reason already says so.
-        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-        out: torch.Tensor = flex(q, k, v, **kwargs)
-    if block_mask is not None and has_dead_rows(sig.tq, sig.tk, left, right):
-        out = zero_dead_rows(out, visible_mask(sig.tq, sig.tk, left, right, q.device))
-    return out
+    gqa = sig.hq != sig.hkv and flex_takes_gqa()
+    repeat = sig.hq // sig.hkv if sig.hq != sig.hkv and not gqa else 1
+    windowed = (left, right) != (UNBOUNDED, UNBOUNDED)
+    dead = _dead_rows(sig) if windowed and has_dead_rows(sig.tq, sig.tk, left, right) else None
+    return Plan(
+        impl="flex", bthd=bthd, window=sig.window, scale=scale, gqa=gqa, repeat=repeat, dead=dead
+    )
 
 
 def fa_window(name: str, sig: CallSignature) -> tuple[bool, tuple[int | None, int | None]]:
@@ -241,39 +201,185 @@ def fa_window(name: str, sig: CallSignature) -> tuple[bool, tuple[int | None, in
     return causal, (to_fa4_window(window) if name == "fa4" else window)
 
 
+def plan_call(impl: str, sig: CallSignature, scale: float | None, *, bthd: bool) -> Plan:
+    """Work out, once and eagerly, how implementation ``impl`` runs the call ``sig``.
+
+    Example:
+        >>> from distcompat.attention._dispatch import signature_of
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> sig = signature_of(q, q, q, causal=True, window=None)
+        >>> plan = plan_call("sdpa", sig, None, bthd=False)
+        >>> plan.causal, plan.mask is None
+        (True, True)
+    """
+    if impl == "sdpa" and not _rough_backward(sig):
+        return _sdpa_plan(sig, scale, bthd)
+    if impl in ("sdpa", "math"):  # sdpa here: this torch's CPU backward rounds 16-bit grads
+        left, right = sig.window
+        bounded = (left, right) != (UNBOUNDED, UNBOUNDED) and not sig.kvcache
+        mask = visible_mask(sig.tq, sig.tk, left, right, _device(sig)) if bounded else None
+        return Plan(impl="math", bthd=bthd, window=sig.window, scale=scale, mask=mask)
+    if impl == "flex":
+        return _flex_plan(sig, scale, bthd)
+    causal, window = fa_window(impl, sig)
+    return Plan(
+        impl=impl, bthd=bthd, window=sig.window, causal=causal, fa_window=window, scale=scale
+    )
+
+
+def sdpa_with_dead_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """SDPA under a bool mask whose all-False rows must give 0, on a kernel that gives NaN.
+
+    Zeroing the output is not enough: the NaN reaches q/k/v through the backward. Such rows
+    see every key instead (finite), and their zeroed output sends no gradient back.
+    """
+    dead = ~mask.any(dim=-1, keepdim=True)  # (B or 1, 1, Tq, 1)
+    out = call_sdpa(q, k, v, mask | dead, False, scale, gqa)
+    return out.masked_fill(dead, 0.0)
+
+
+def call_sdpa(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    causal: bool,
+    scale: float | None,
+    gqa: bool,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` with ``enable_gqa=True`` passed only when ``gqa``.
+
+    Example:
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> call_sdpa(q, q[:, :1], q[:, :1], None, True, None, True).shape
+        torch.Size([1, 2, 4, 8])
+    """
+    if gqa:  # enable_gqa only where needed: older torch has no such argument
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+        )
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+
+
+def repeat_kv(plan: Plan, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Repeat K/V heads for a kernel without GQA (same grouping as ``enable_gqa``).
+
+    Example:
+        >>> plan = Plan(impl="sdpa", bthd=False, window=(-1, -1), repeat=2)
+        >>> repeat_kv(plan, torch.zeros(1, 1, 3, 8), torch.zeros(1, 1, 3, 8))[0].shape
+        torch.Size([1, 2, 3, 8])
+    """
+    if plan.repeat == 1:
+        return k, v
+    return k.repeat_interleave(plan.repeat, dim=1), v.repeat_interleave(plan.repeat, dim=1)
+
+
+def _run_sdpa(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    if plan.start:  # decode: the one query row sees only the last keys
+        k, v = k[:, :, plan.start :], v[:, :, plan.start :]
+    k, v = repeat_kv(plan, k, v)
+    out = call_sdpa(q, k, v, plan.mask, plan.causal, plan.scale, plan.gqa)
+    return out if plan.dead is None else out.masked_fill(plan.dead, 0.0)
+
+
+def _flex_block_mask(tq: int, tk: int, window: Window, device: torch.device) -> Any:
+    """Build flex's block mask of a canonical window (in the graph when traced)."""
+    create_block_mask = probe_kernel("flex").functions["create_block_mask"]
+    left, right = window
+    offset = tk - tq
+
+    def mask_mod(b: Any, h: Any, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+        pos = i + offset  # bottom-right aligned position of query row i
+        seen = j >= 0
+        if left != UNBOUNDED:
+            seen = seen & (j >= pos - left)
+        if right != UNBOUNDED:
+            seen = seen & (j <= pos + right)
+        return seen
+
+    return create_block_mask(mask_mod, None, None, tq, tk, device=device)
+
+
+#: Eager calls reuse block masks (building one costs more than a small flex call).
+_cached_block_mask = functools.lru_cache(maxsize=64)(_flex_block_mask)
+
+
+@functools.cache
+def _flex_callable(device_type: str) -> Callable[..., Any]:
+    flex = probe_kernel("flex").functions["flex_attention"]
+    if device_type in ("cuda", "xpu"):
+        # Static shapes: on a second query length torch 2.11 recompiled flex with a symbolic one,
+        # and inductor found no kernel for it (NoValidChoicesError; an H100, Tq 256 then 64).
+        return torch.compile(flex, dynamic=False)
+    return flex  # CPU/MPS: forward only, eager (compiling costs 40-90 s on first call)
+
+
+def _run_flex(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    compiling = _is_compiling()
+    block_mask = None
+    if plan.window != (UNBOUNDED, UNBOUNDED):
+        build = _flex_block_mask if compiling else _cached_block_mask
+        block_mask = build(q.shape[2], k.shape[2], plan.window, q.device)
+    k, v = repeat_kv(plan, k, v)
+    kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": plan.scale}
+    if plan.gqa:
+        kwargs["enable_gqa"] = True
+    if compiling:  # the caller's torch.compile traces flex itself
+        out: torch.Tensor = probe_kernel("flex").functions["flex_attention"](q, k, v, **kwargs)
+    else:
+        with warnings.catch_warnings():
+            # Eager flex on CPU warns that it is unfused; the decision's reason already says so.
+            warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+            out = _flex_callable(q.device.type)(q, k, v, **kwargs)
+    return out if plan.dead is None else out.masked_fill(plan.dead, 0.0)
+
+
 def _device_scope(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     # FA4 reads the arch of the *current* CUDA device; make it the tensors' device.
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
-def run_flash(
-    name: str,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    sig: CallSignature,
-    scale: float | None,
-) -> torch.Tensor:
-    """FlashAttention 2/3/4: (B, H, T, D) in, FA's (B, T, H, D) for the call, (B, H, T, D) out."""
-    fn = probe_kernel(name).functions["flash_attn_func"]
+def _run_flash(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    fn = probe_kernel(plan.impl).functions["flash_attn_func"]
     disable = getattr(torch.compiler, "disable", None)
-    if name == "fa4" and disable is not None:  # FA4's CuTe DSL calls must not be traced
+    if plan.impl == "fa4" and disable is not None:  # FA4's CuTe DSL calls must not be traced
         fn = disable(fn)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, T, H, D) views
+    if not plan.bthd:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, T, H, D) views
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    causal, window = fa_window(name, sig)
     with _device_scope(q.device):
-        out = fn(q, k, v, softmax_scale=scale, causal=causal, window_size=window)
+        out = fn(q, k, v, softmax_scale=plan.scale, causal=plan.causal, window_size=plan.fa_window)
     if isinstance(out, tuple):  # FA4 always, FA3 in some builds: (out, lse)
         out = out[0]
-    return out.transpose(1, 2)  # type: ignore[no-any-return]
+    return out if plan.bthd else out.transpose(1, 2)  # type: ignore[no-any-return]
 
 
-RUNNERS: dict[str, Runner] = {
-    "sdpa": run_sdpa,
-    "math": run_math,
-    "flex": run_flex,
-    "fa2": functools.partial(run_flash, "fa2"),
-    "fa3": functools.partial(run_flash, "fa3"),
-    "fa4": functools.partial(run_flash, "fa4"),
-}
+def run_plan(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Run a planned call on tensors in the plan's layout: only the kernel call and its views.
+
+    Example:
+        >>> from distcompat.attention._dispatch import signature_of
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> sig = signature_of(q, q, q, causal=True, window=None)
+        >>> plan = plan_call("math", sig, None, bthd=False)
+        >>> run_plan(plan, q, q, q).shape
+        torch.Size([1, 2, 4, 8])
+    """
+    if plan.impl in FLASH:
+        return _run_flash(plan, q, k, v)
+    if plan.bthd:
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H, T, D) views
+    if plan.impl == "sdpa":
+        out = _run_sdpa(plan, q, k, v)
+    elif plan.impl == "flex":
+        out = _run_flex(plan, q, k, v)
+    else:
+        out = math_attention(q, k, v, mask=plan.mask, scale=plan.scale)
+    return out.transpose(1, 2) if plan.bthd else out

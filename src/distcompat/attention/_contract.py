@@ -24,6 +24,7 @@ __all__ = [
     "AttentionInputError",
     "Layout",
     "Window",
+    "bhtd_shape",
     "canonical_window",
     "from_hf_sliding_window",
     "from_nanochat_window",
@@ -155,4 +156,27 @@ def to_bhtd(tensor: torch.Tensor, layout: Layout) -> torch.Tensor:
         return tensor
     if layout == "bthd":
         return tensor.transpose(1, 2)
-    raise AttentionInputError(f"layout={layout!r}: expected 'bhtd' (like SDPA) or 'bthd' (like FA)")
+    raise _bad_layout(layout)
+
+
+def bhtd_shape(shape: tuple[int, ...], layout: Layout) -> tuple[int, ...]:
+    """Return a shape given in ``layout`` as (B, H, T, D), as :func:`to_bhtd` would view it.
+
+    Example:
+        >>> bhtd_shape((2, 5, 3, 8), "bthd")
+        (2, 3, 5, 8)
+    """
+    if layout == "bhtd":
+        return tuple(shape)
+    if layout == "bthd":
+        dims = list(shape)
+        if len(dims) >= 3:
+            dims[1], dims[2] = dims[2], dims[1]
+        return tuple(dims)
+    raise _bad_layout(layout)
+
+
+def _bad_layout(layout: object) -> AttentionInputError:
+    return AttentionInputError(
+        f"layout={layout!r}: expected 'bhtd' (like SDPA) or 'bthd' (like FA)"
+    )

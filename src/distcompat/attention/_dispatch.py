@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,8 +28,6 @@ from distcompat.attention._adapters import (
 )
 from distcompat.attention._contract import AttentionInputError, Window, canonical_window
 from distcompat.attention._kernels import (
-    compile_traces_environ,
-    constant_when_traced,
     device_capability,
     flex_takes_gqa,
     is_rocm,
@@ -55,14 +52,12 @@ __all__ = [
     "decide",
     "parse_override",
     "read_override",
+    "signature_from",
     "signature_of",
 ]
 
 #: The environment variable that overrides the automatic choice.
 ENV_VAR = "DISTCOMPAT_ATTENTION"
-
-# Feature test: torch.compiler.is_compiling is missing from older torch builds.
-_is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
 
 
 class AttentionConfigError(ValueError):
@@ -104,12 +99,6 @@ def read_override() -> str:
     return os.environ.get(ENV_VAR, "")
 
 
-@constant_when_traced
-def _override_read_at_trace() -> str:
-    # For a torch.compile that cannot trace os.environ: read eagerly, kept in the graph.
-    return read_override()
-
-
 @functools.lru_cache(maxsize=64)
 def parse_override(value: str) -> tuple[str, ...] | None:
     """Names in ``DISTCOMPAT_ATTENTION`` order, or None for automatic choice.
@@ -133,45 +122,60 @@ def parse_override(value: str) -> tuple[str, ...] | None:
     return names
 
 
-def signature_of(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+Shape = tuple[int, ...]
+
+
+def signature_from(
+    shapes: tuple[Shape, Shape, Shape],
+    dtypes: tuple[torch.dtype, torch.dtype, torch.dtype],
+    devices: tuple[torch.device, torch.device, torch.device],
     *,
+    requires_grad: bool,
     causal: bool,
     window: Window | None,
-    tk: int | None = None,
     kvcache: bool = False,
 ) -> CallSignature:
-    """Validate (B, H, T, D) q/k/v and read off what decides the implementation."""
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+    """Validate q/k/v given as (B, H, T, D) shapes, dtypes and devices; read off the signature.
+
+    Every check of a call's tensors lives here, so a call that passes once passes again with
+    the same shapes, dtypes and devices: the decision caches key on exactly these.
+
+    Example:
+        >>> cpu = torch.device("cpu")
+        >>> sig = signature_from(((1, 4, 8, 16), (1, 2, 8, 16), (1, 2, 8, 16)),
+        ...     (torch.float32,) * 3, (cpu,) * 3, requires_grad=False, causal=True, window=None)
+        >>> sig.hq, sig.hkv, sig.window
+        (4, 2, (-1, 0))
+    """
+    (q_shape, k_shape, v_shape), (q_dtype, k_dtype, v_dtype) = shapes, dtypes
+    if len(q_shape) != 4 or len(k_shape) != 4 or len(v_shape) != 4:
         raise AttentionInputError(
-            f"q, k, v must be 4-D (got {q.dim()}-D, {k.dim()}-D, {v.dim()}-D)"
+            f"q, k, v must be 4-D (got {len(q_shape)}-D, {len(k_shape)}-D, {len(v_shape)}-D)"
         )
-    if not (q.device == k.device == v.device):
-        raise AttentionInputError(f"q, k, v are on {q.device}, {k.device}, {v.device}")
-    if not (q.dtype == k.dtype == v.dtype):
+    device = devices[0]
+    if not (device == devices[1] == devices[2]):
+        raise AttentionInputError(f"q, k, v are on {devices[0]}, {devices[1]}, {devices[2]}")
+    if not (q_dtype == k_dtype == v_dtype):
         raise AttentionInputError(
-            f"q, k, v have dtypes {q.dtype}, {k.dtype}, {v.dtype}; cast them to one "
+            f"q, k, v have dtypes {q_dtype}, {k_dtype}, {v_dtype}; cast them to one "
             "(distcompat never casts silently)"
         )
-    (b, hq, tq, d_qk), (bk, hkv, tkk, dk), (bv, hv, tv, d_v) = q.shape, k.shape, v.shape
-    if not (b == bk == bv) or hkv != hv or tkk != tv or dk != d_qk:
+    (b, hq, tq, d_qk), (bk, hkv, tk, dk), (bv, hv, tv, d_v) = q_shape, k_shape, v_shape
+    if not (b == bk == bv) or hkv != hv or tk != tv or dk != d_qk:
         raise AttentionInputError(
-            f"shapes do not fit: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+            f"shapes do not fit: q {tuple(q_shape)}, k {tuple(k_shape)}, v {tuple(v_shape)} "
             "(as B, H, T, D: same B, k/v same H and T, q/k same D)"
         )
     if hkv == 0 or hq % hkv:
         raise AttentionInputError(f"{hq} query heads are not a multiple of {hkv} key/value heads")
-    tk = tkk if tk is None else tk
     if tq == 0 or tk == 0:
         raise AttentionInputError(f"empty sequence: Tq={tq}, Tk={tk}")
     return CallSignature(
-        device_type=q.device.type,
-        device_index=q.device.index,
-        capability=device_capability(q.device),
-        rocm=q.device.type == "cuda" and is_rocm(),
-        dtype=q.dtype,
+        device_type=device.type,
+        device_index=device.index,
+        capability=device_capability(device),
+        rocm=device.type == "cuda" and is_rocm(),
+        dtype=q_dtype,
         hq=hq,
         hkv=hkv,
         tq=tq,
@@ -179,8 +183,35 @@ def signature_of(
         d_qk=d_qk,
         d_v=d_v,
         window=canonical_window(causal=causal, window=window, tq=tq, tk=tk),
+        requires_grad=requires_grad,
+        kvcache=kvcache,
+    )
+
+
+def signature_of(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool,
+    window: Window | None,
+    kvcache: bool = False,
+) -> CallSignature:
+    """Validate (B, H, T, D) q/k/v and read off what decides the implementation.
+
+    Example:
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> signature_of(q, q, q, causal=False, window=(1, 1)).window
+        (1, 1)
+    """
+    return signature_from(
+        (q.shape, k.shape, v.shape),
+        (q.dtype, k.dtype, v.dtype),
+        (q.device, k.device, v.device),
         requires_grad=torch.is_grad_enabled()
         and (q.requires_grad or k.requires_grad or v.requires_grad),
+        causal=causal,
+        window=window,
         kvcache=kvcache,
     )
 
@@ -245,13 +276,11 @@ def _decide(
 def decide(sig: CallSignature) -> AttentionDecision:
     """Return the (cached) decision for ``sig`` under the current override, host and probes.
 
-    While torch.compile traces a call, the host is not probed (its CUDA query cannot be traced
-    and only adds a note to explanations), so the decision traces into the graph as constants.
-    ``DISTCOMPAT_ATTENTION`` is read inside the trace where torch.compile can trace (and guard
-    on) ``os.environ``, so changing it recompiles; where it cannot (torch 2.4), it is read once
-    when the call is traced and changing it later takes ``torch.compiler.reset()``.
+    Made eagerly, also for a call inside torch.compile (see ``_plans``): never traced.
+
+    Example:
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> decide(signature_of(q, q, q, causal=True, window=None)).impl
+        'sdpa'
     """
-    if not _is_compiling():
-        return _decide(sig, read_override(), probe_host(), state_token())
-    override = read_override() if compile_traces_environ() else _override_read_at_trace()
-    return _decide(sig, override, None, state_token())
+    return _decide(sig, read_override(), probe_host(), state_token())

@@ -10,8 +10,8 @@ never at import time and never downloaded. A failed import is kept as the reason
 Behaviour that differs between torch releases is found by feature tests here too, each cached
 and run eagerly even when first asked inside a torch.compile trace: whether SDPA takes
 ``enable_gqa`` and gives zeros for fully masked rows, whether flex_attention takes ``enable_gqa``,
-whether its CPU backward keeps 16-bit gradients exact to float32 rounding, and whether
-torch.compile can trace (and guard on) an ``os.environ`` read.
+and whether its CPU backward keeps 16-bit gradients exact to float32 rounding. Probe results
+sit in plain dicts, which torch.compile reads without tracing a cache wrapper.
 
 Tests describe hardware and packages we do not have with :func:`override_kernels`.
 """
@@ -22,7 +22,6 @@ import contextlib
 import functools
 import importlib
 import inspect
-import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -33,10 +32,10 @@ import torch.nn.functional as F
 
 __all__ = [
     "KernelProbe",
-    "compile_traces_environ",
     "constant_when_traced",
     "device_capability",
     "flex_takes_gqa",
+    "forget_probes",
     "is_rocm",
     "override_kernels",
     "probe_kernel",
@@ -93,9 +92,16 @@ _rocm_override: list[bool] = []
 _state = [0]
 
 
-@functools.cache
-def _cached_probe(name: str) -> KernelProbe:
-    return _import_probe(name)
+_probes: dict[str, KernelProbe] = {}
+
+
+def forget_probes() -> None:
+    """Forget every import probe, so the next ask imports again (for tests).
+
+    Example:
+        >>> forget_probes()
+    """
+    _probes.clear()
 
 
 def probe_kernel(name: str) -> KernelProbe:
@@ -108,7 +114,10 @@ def probe_kernel(name: str) -> KernelProbe:
     """
     if name in _probe_overrides:
         return _probe_overrides[name]
-    return _cached_probe(name)
+    probe = _probes.get(name)
+    if probe is None:
+        probe = _probes[name] = _import_probe(name)
+    return probe
 
 
 @functools.cache
@@ -183,17 +192,20 @@ def sdpa_supports_gqa() -> bool:
 
 @functools.cache
 def _sdpa_zeroes_dead_rows() -> bool:
-    q = torch.zeros(1, 1, 1, 8)
-    mask = torch.zeros(1, 1, 1, 1, dtype=torch.bool)
-    return bool(torch.isfinite(F.scaled_dot_product_attention(q, q, q, attn_mask=mask)).all())
+    q = torch.ones(1, 1, 2, 8, requires_grad=True)
+    mask = torch.tensor([[False, False], [True, True]])  # row 0 sees no key
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    (grad,) = torch.autograd.grad(out.sum(), q)
+    return bool((out[:, :, 0] == 0).all()) and bool(torch.isfinite(grad).all())
 
 
 @constant_when_traced
 def sdpa_zeroes_dead_rows() -> bool:
-    """Whether SDPA gives finite output for a query row whose bool mask is all False (cached).
+    """Whether CPU SDPA gives 0, and finite gradients, for a row whose bool mask is all False.
 
-    Where it gives NaN instead, the NaN also reaches the gradients through SDPA's backward, so
-    callers let such rows see every key and zero their output afterwards.
+    A feature test on CPU (cached). Where it gives NaN instead, the NaN also reaches the
+    gradients through SDPA's backward, so callers let such rows see every key and zero their
+    output afterwards.
 
     Example:
         >>> isinstance(sdpa_zeroes_dead_rows(), bool)
@@ -247,38 +259,6 @@ def flex_takes_gqa() -> bool:
     """
     flex_attention = probe_kernel("flex").functions.get("flex_attention")
     return flex_attention is not None and _takes_gqa(flex_attention)
-
-
-#: A variable nobody sets: reading it is what the compile feature test traces.
-_PROBE_VARIABLE = "DISTCOMPAT_PROBE_UNSET_VARIABLE"
-
-
-def _read_probe_variable(x: torch.Tensor) -> torch.Tensor:
-    return x + len(os.environ.get(_PROBE_VARIABLE, ""))
-
-
-@functools.cache
-def _compile_traces_environ() -> bool:
-    compiled = torch.compile(_read_probe_variable, fullgraph=True, backend="eager")
-    try:
-        compiled(torch.zeros(1))
-    except Exception:  # torch._dynamo's Unsupported: the answer is "no", not an error
-        return False
-    return True
-
-
-@constant_when_traced
-def compile_traces_environ() -> bool:
-    """Whether torch.compile traces ``os.environ.get`` (and recompiles when the value changes).
-
-    Compiles a two-line function once (eager backend, a fraction of a second), on the first
-    attention call traced by torch.compile; eager calls never ask.
-
-    Example:
-        >>> isinstance(compile_traces_environ(), bool)
-        True
-    """
-    return _compile_traces_environ()
 
 
 def state_token() -> int:

@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import torch
 
-from distcompat.attention._adapters import _expand_kv, fa_window, sdpa_with_dead_rows
+from distcompat.attention._adapters import (
+    FLASH,
+    Plan,
+    call_sdpa,
+    repeat_kv,
+    sdpa_with_dead_rows,
+)
 from distcompat.attention._contract import UNBOUNDED, AttentionInputError, Window
-from distcompat.attention._dispatch import decide, signature_of
 from distcompat.attention._kernels import probe_kernel
+from distcompat.attention._plans import plan_of
 from distcompat.attention._reference import math_attention
-from distcompat.attention._rules import CallSignature
 
 __all__ = ["attend_with_kvcache", "cache_mask"]
 
@@ -66,18 +71,15 @@ def cache_mask(lengths: torch.Tensor, tq: int, t_max: int, window: Window) -> to
 
 
 def _flash_kvcache(
-    name: str,
+    plan: Plan,
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     k: torch.Tensor | None,
     v: torch.Tensor | None,
     seqlens: torch.Tensor,
-    sig: CallSignature,
-    scale: float | None,
 ) -> torch.Tensor:
-    fn = probe_kernel(name).functions["flash_attn_with_kvcache"]
-    causal, window = fa_window(name, sig)
+    fn = probe_kernel(plan.impl).functions["flash_attn_with_kvcache"]
     out = fn(
         q,
         k_cache,
@@ -85,9 +87,9 @@ def _flash_kvcache(
         k=k,
         v=v,
         cache_seqlens=seqlens.to(torch.int32),
-        softmax_scale=scale,
-        causal=causal,
-        window_size=window,
+        softmax_scale=plan.scale,
+        causal=plan.causal,
+        window_size=plan.fa_window,
     )
     return out[0] if isinstance(out, tuple) else out  # type: ignore[no-any-return]
 
@@ -127,21 +129,26 @@ def attend_with_kvcache(
     t_max = k_cache.shape[1]
     seqlens = _lengths(cache_seqlens, batch, t_max, k is not None, k_cache.device)
     t_new = 0
+    # Decided (and an impossible override raised) before any write.
+    plan = plan_of(
+        q, k_cache, v_cache, causal=causal, window=window, scale=scale, layout="bthd", kvcache=True
+    )
+    if plan.impl in FLASH:
+        return _flash_kvcache(plan, q, k_cache, v_cache, k, v, seqlens)
     qb, kcb, vcb = (t.transpose(1, 2) for t in (q, k_cache, v_cache))  # (B, H, T, D) views
-    sig = signature_of(qb, kcb, vcb, causal=causal, window=window, kvcache=True)
-    decision = decide(sig)  # decided (and an impossible override raised) before any write
-    if decision.impl in ("fa2", "fa3"):
-        return _flash_kvcache(decision.impl, q, k_cache, v_cache, k, v, seqlens, sig, scale)
     if k is not None and v is not None:
         t_new = k.shape[1]
         pos = seqlens.view(-1, 1) + torch.arange(t_new, device=seqlens.device)  # (B, T_new)
         rows = torch.arange(batch, device=seqlens.device).view(-1, 1).expand_as(pos)
         k_cache[rows, pos] = k
         v_cache[rows, pos] = v
-    mask = cache_mask(seqlens + t_new, tq, t_max, sig.window)
-    if decision.impl == "math":
+    mask = cache_mask(seqlens + t_new, tq, t_max, plan.window)
+    if plan.impl == "math":
         out = math_attention(qb, kcb, vcb, mask=mask, scale=scale)
     else:
-        kx, vx, gqa = _expand_kv(kcb, vcb, sig)
-        out = sdpa_with_dead_rows(qb, kx, vx, mask, scale, gqa)
+        kx, vx = repeat_kv(plan, kcb, vcb)
+        if plan.nan_rows:  # this kernel gives NaN for a row that sees no key
+            out = sdpa_with_dead_rows(qb, kx, vx, mask, scale, plan.gqa)
+        else:
+            out = call_sdpa(qb, kx, vx, mask, False, scale, plan.gqa)
     return out.transpose(1, 2)
