@@ -13,6 +13,8 @@ import importlib.util
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +56,35 @@ def _demo_children() -> list[int]:
     return found
 
 
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str, str]:
+    """The demo on 2 ranks with the SMALL settings, no kill: (out, exit code, stdout, stderr)."""
+    out = tmp_path_factory.mktemp("demo") / "plain"
+    done = subprocess.run(
+        [sys.executable, "-m", "distcompat", "demo", "--out", str(out), *SMALL],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    return out, done.returncode, done.stdout, done.stderr
+
+
 @pytest.mark.slow
-def test_demo_end_to_end_on_two_ranks(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), *SMALL]) == 0
-    captured = capfd.readouterr()
-    assert "done in" in captured.out
-    assert "PASS" in captured.out
-    assert "Failed to initialize NumPy" not in captured.err  # the ranks are distcompat's own
+def test_demo_end_to_end_on_two_ranks(plain_run: tuple[Path, int, str, str]) -> None:
+    out, code, stdout, stderr = plain_run
+    assert code == 0, stderr[-3000:]
+    assert "done in" in stdout
+    assert "PASS" in stdout
+    assert "Failed to initialize NumPy" not in stderr  # the ranks are distcompat's own
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["world_size"] == 2
     assert manifest["backend"] == "gloo"
     assert manifest["replicas_equal"] is True
     assert manifest["resume_matched"] is True
     assert manifest["resume"]["checkpoint_step"] == 12
+    assert manifest["restarts"] == 0
+    assert manifest["restart_timings"] is None
+    assert re.fullmatch(r"[0-9a-f]{64}", manifest["final_params_sha256"])
     losses = manifest["losses"]
     assert len(losses) == manifest["steps"] == 24
     assert losses[-1] < losses[0] - 0.5
@@ -79,9 +96,40 @@ def test_demo_end_to_end_on_two_ranks(tmp_path: Path, capfd: pytest.CaptureFixtu
         for p in GPT(GPTConfig(seq_len=64, n_layer=2, n_head=2, n_embd=64), seed=0).parameters()
     )
     lines = [json.loads(line) for line in (out / "timings.jsonl").read_text().splitlines()]
-    assert [r["phase"] for r in lines] == ["train"] * 24 + ["resume"] * 3
-    assert [r["step"] for r in lines[:24]] == list(range(1, 25))
+    # the resume check runs once steps 13-15 exist (the step-12 checkpoint is still kept)
+    train = [r["step"] for r in lines if r["phase"] == "train"]
+    assert train == list(range(1, 25))
+    assert [r["phase"] for r in lines[15:18]] == ["resume"] * 3
+    assert {r["attempt"] for r in lines} == {0}
     assert not (out / ".ranks").exists()
+    assert _demo_children() == []
+
+
+@pytest.mark.slow
+def test_a_killed_rank_costs_a_restart_and_the_result_is_bit_identical(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], plain_run: tuple[Path, int, str, str]
+) -> None:
+    out = tmp_path / "killed"
+    assert main(["demo", "--out", str(out), *SMALL, "--kill", "1@10"]) == 0
+    captured = capfd.readouterr()
+    assert "restart 1 of 1" in captured.err
+    assert "rank 1 of 2 was killed by signal 9" in captured.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    plain = json.loads((plain_run[0] / "manifest.json").read_text())
+    assert manifest["restarts"] == 1
+    assert manifest["final_params_sha256"] == plain["final_params_sha256"]
+    assert manifest["losses"] == plain["losses"]  # every step's loss, carried across the restart
+    assert manifest["resume_matched"] is True
+    timings = manifest["restart_timings"]
+    assert timings["killed_rank"] == 1
+    assert timings["killed_at_step"] == 10
+    assert timings["resumed_after_step"] == 9  # saves every 24 // 8 = 3 steps
+    for key in ("detect_s", "peers_stopped_s", "restart_s", "resume_s", "redo_s", "lost_s"):
+        assert timings[key] >= 0, (key, timings)
+    lines = (out / "timings.jsonl").read_text().splitlines()
+    attempts = [json.loads(line)["attempt"] for line in lines]
+    assert attempts.count(0) == 9  # steps 1-9 before the kill (the resume check comes later)
+    assert set(attempts) == {0, 1}
     assert _demo_children() == []
 
 

@@ -10,6 +10,7 @@ Both are identities at world size 1 (a single rank is trivially its own replica)
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ __all__ = [
     "ReplicaCheck",
     "check_replicas",
     "flat_parameters",
+    "params_sha256",
     "percentile",
     "time_allreduce",
 ]
@@ -68,6 +70,24 @@ def flat_parameters(model: nn.Module) -> torch.Tensor:
         torch.Size([9])
     """
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def params_sha256(model: nn.Module) -> str:
+    """Return the SHA-256 of every parameter's bytes, parameters in name order.
+
+    Equal on two runs exactly when every parameter is bit for bit equal (same dtypes and shapes).
+
+    Example:
+        >>> a, b = torch.nn.Linear(2, 3), torch.nn.Linear(2, 3)
+        >>> _ = b.load_state_dict(a.state_dict())
+        >>> params_sha256(a) == params_sha256(b), len(params_sha256(a))
+        (True, 64)
+    """
+    digest = hashlib.sha256()
+    for _, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+        raw = param.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        digest.update(bytes(raw.tolist()))  # no NumPy here: the CPU wheel may lack it
+    return digest.hexdigest()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from dataclasses import fields, replace
 from pathlib import Path
@@ -27,9 +28,16 @@ from typing import Any
 import distcompat
 from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._config import DemoConfig, DemoConfigError
-from distcompat.demo._launch import FINISHED, bind_to_parent, launch_ranks, write_status
+from distcompat.demo._launch import (
+    FINISHED,
+    LaunchOutcome,
+    bind_to_parent,
+    launch_ranks,
+    write_status,
+)
 from distcompat.demo._plot import MissingExtraError, plot_scaling, require_matplotlib
-from distcompat.demo._train import run_rank
+from distcompat.demo._restarts import check_launcher_restarts, record_restart
+from distcompat.demo._train import EXIT_CHECK_FAILED, run_rank
 from distcompat.launch import LaunchEnv, LaunchEnvError
 
 __all__ = [
@@ -67,6 +75,12 @@ _HELP: dict[str, str] = {
     "sharing one GPU with --device cuda:0",
     "log_every": "steps between loss lines (default: about 10 lines a run)",
     "timeout_s": "process-group timeout in seconds",
+    "checkpoint_every": "steps between checkpoints a restart resumes from (default: an eighth "
+    "of --steps)",
+    "kill": "RANK@STEP: rank RANK SIGKILLs itself at step STEP of the first attempt; the ranks "
+    "restart and resume from the newest committed checkpoint",
+    "max_restarts": "restarts after a failed attempt when the demo starts the ranks itself "
+    "(default: 1 with --kill, else 0; under torchrun, its --max-restarts)",
 }
 
 
@@ -123,9 +137,8 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
         elif item.name == "out":
             parser.add_argument(flag, type=Path, default=DEFAULT_OUT, help=_HELP["out"] + shown)
         else:
-            kind = {"lr": float, "timeout_s": float, "device": str, "backend": str}.get(
-                item.name, int
-            )
+            kinds = {"lr": float, "timeout_s": float, "device": str, "backend": str, "kill": str}
+            kind = kinds.get(item.name, int)
             parser.add_argument(flag, type=kind, default=None, help=_HELP[item.name] + shown)
     return parser
 
@@ -207,6 +220,52 @@ def _tokens_per_sec(out: Path) -> float:
     return float(manifest["tokens_per_sec"])
 
 
+def _failed(outcome: LaunchOutcome) -> bool:
+    return outcome.failed_rank is not None or outcome.exit_code not in (0, EXIT_CHECK_FAILED)
+
+
+def _supervise(config: DemoConfig) -> LaunchOutcome:
+    """Launch the ranks; after a failed attempt, start them again, up to ``restarts_allowed``.
+
+    Like torchrun's agent: the whole group is stopped and started anew (the ranks resume from
+    the newest committed checkpoint). Each restart's times go to ``restarts.json`` for the report.
+    """
+    started = time.monotonic()
+    attempt = 0
+    outcome = launch_ranks(config, config.world_size, attempt=attempt)
+    while _failed(outcome) and outcome.exit_code != 130 and attempt < config.restarts_allowed:
+        reason = outcome.message.splitlines()[0]
+        record_restart(
+            config.out,
+            {
+                "attempt": attempt,
+                "failed_rank": outcome.failed_rank,
+                "reason": reason,
+                "failure_seen_at": outcome.failure_seen_at,
+                "stopped_at": outcome.stopped_at,
+                "relaunched_at": time.time(),
+            },
+        )
+        attempt += 1
+        sys.stderr.write(
+            f"distcompat demo: {reason}; restart {attempt} of {config.restarts_allowed}: "
+            "the ranks resume from the newest committed checkpoint\n"
+        )
+        outcome = launch_ranks(config, config.world_size, attempt=attempt)
+    if attempt:
+        print(
+            f"distcompat demo: {attempt} restart(s), {time.monotonic() - started:.1f} s in all",
+            flush=True,
+        )
+    return outcome
+
+
+def _check_kill(config: DemoConfig, world_size: int) -> None:
+    target = config.kill_target
+    if target is not None and target[0] >= world_size:
+        raise DemoConfigError(f"--kill={config.kill}: rank {target[0]} is not among {world_size}")
+
+
 def run_demo_command(options: argparse.Namespace) -> int:
     """Run ``distcompat demo`` with parsed flags; return the exit code.
 
@@ -228,14 +287,17 @@ def run_demo_command(options: argparse.Namespace) -> int:
                     f"--nproc={config.nproc} but {env.launcher} started {env.world_size} "
                     "rank(s); leave --nproc out under a launcher"
                 )
+            _check_kill(config, env.world_size)
+            check_launcher_restarts(config)
             return _run_as_rank(config, env)
+        _check_kill(config, config.world_size)
         if config.sweep:
             require_matplotlib()  # before any rank starts
     except (DemoConfigError, LaunchEnvError, MissingExtraError) as exc:
         sys.stderr.write(f"distcompat demo: error: {exc}\n")
         write_status(int(os.environ.get("RANK", "0")), EXIT_USAGE, exc, "")  # if a demo child
         return EXIT_USAGE
-    outcome = launch_ranks(config, config.world_size)
+    outcome = _supervise(config)
     if outcome.exit_code not in (0, 3) or outcome.failed_rank is not None:
         sys.stderr.write(f"distcompat demo: {outcome.message}\n")
         return outcome.exit_code or 1

@@ -30,6 +30,9 @@ class DemoConfig:
 
     ``nproc`` is the number of ranks the demo starts itself (None: 2, or the launcher's world
     size when torchrun or srun started this process). ``checkpoint_at`` None means half way.
+    ``checkpoint_every`` None means an eighth of the run. ``kill="RANK@STEP"`` makes rank RANK
+    SIGKILL itself at step STEP of the first attempt; ``max_restarts`` None means 1 with
+    ``kill``, else 0 (restarts the demo's own supervisor allows; under torchrun its flag rules).
 
     Example:
         >>> config = DemoConfig(out=Path("x"), steps=10)
@@ -56,6 +59,9 @@ class DemoConfig:
     backend: str | None = None
     log_every: int | None = None
     timeout_s: float = 300.0
+    checkpoint_every: int | None = None
+    kill: str | None = None
+    max_restarts: int | None = None
 
     def __post_init__(self) -> None:
         positive = (
@@ -78,6 +84,12 @@ class DemoConfig:
             )
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise DemoConfigError(f"--lr={self.lr} must be a positive number")
+        if self.checkpoint_every is not None and self.checkpoint_every < 1:
+            raise DemoConfigError(f"--checkpoint-every={self.checkpoint_every} must be at least 1")
+        if self.max_restarts is not None and self.max_restarts < 0:
+            raise DemoConfigError(f"--max-restarts={self.max_restarts} must be at least 0")
+        if self.kill is not None:
+            self.kill_target  # noqa: B018 (validates the flag)
         if self.timeout_s <= 0:
             raise DemoConfigError(f"--timeout-s={self.timeout_s} must be positive")
         try:
@@ -94,6 +106,44 @@ class DemoConfig:
     def checkpoint_step(self) -> int:
         """The step after which the mid-run checkpoint is saved."""
         return self.checkpoint_at if self.checkpoint_at is not None else self.steps // 2
+
+    @property
+    def save_every(self) -> int:
+        """Steps between two checkpoints a restart can resume from."""
+        return self.checkpoint_every or max(1, self.steps // 8)
+
+    def saves_at(self, step: int) -> bool:
+        """Whether a checkpoint is saved after ``step``."""
+        return step % self.save_every == 0 or step == self.checkpoint_step
+
+    @property
+    def keep_last(self) -> int:
+        """Checkpoints kept: the resume check's one must live until the check runs."""
+        return 2 + self.resume_compare_steps // self.save_every
+
+    @property
+    def kill_target(self) -> tuple[int, int] | None:
+        """``(rank, step)`` of ``--kill RANK@STEP``, or None.
+
+        Example:
+            >>> DemoConfig(out=Path("x"), steps=100, kill="1@60").kill_target
+            (1, 60)
+        """
+        if self.kill is None:
+            return None
+        rank, at, step = self.kill.partition("@")
+        if not (at and rank.isdigit() and step.isdigit()):
+            raise DemoConfigError(f"--kill={self.kill} must read RANK@STEP, e.g. 1@60")
+        if not 1 <= int(step) <= self.steps:
+            raise DemoConfigError(f"--kill={self.kill}: STEP must be in [1, --steps={self.steps}]")
+        return int(rank), int(step)
+
+    @property
+    def restarts_allowed(self) -> int:
+        """Restarts the demo's own supervisor allows (1 with ``--kill`` unless told)."""
+        if self.max_restarts is not None:
+            return self.max_restarts
+        return 1 if self.kill is not None else 0
 
     @property
     def resume_compare_steps(self) -> int:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._config import DemoConfig
+from distcompat.demo._restarts import RESTART_COUNT_VAR
 from distcompat.demo._train import EXIT_CHECK_FAILED
 from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
 
@@ -74,11 +75,15 @@ class LaunchOutcome:
 
     ``failed_rank`` is the first rank that failed (None when none did); ``exit_code`` is 0, the
     ranks' common code (3: a check failed), 1 when a rank failed, 130 when interrupted.
+    ``failure_seen_at`` (wall time) is when the watch loop saw the first rank fail, and
+    ``stopped_at`` when every rank of the launch had exited.
     """
 
     exit_code: int
     failed_rank: int | None
     message: str
+    failure_seen_at: float | None = None
+    stopped_at: float | None = None
 
 
 def bind_to_parent() -> None:
@@ -115,10 +120,13 @@ def write_status(rank: int, exit_code: int, error: BaseException | None, trace: 
     return True
 
 
-def _child_environ(rank: int, nproc: int, port: int, status_dir: Path) -> dict[str, str]:
+def _child_environ(
+    rank: int, nproc: int, port: int, status_dir: Path, attempt: int
+) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
     environ.update(local_rank_environ(rank, nproc, port, omp_threads="1"))
     environ.update({PARENT_PID_VAR: str(os.getpid()), STATUS_DIR_VAR: str(status_dir)})
+    environ[RESTART_COUNT_VAR] = str(attempt)  # as torchrun's agent counts its restarts
     return environ
 
 
@@ -192,8 +200,11 @@ def _describe_failure(
     return LaunchOutcome(exit_code=1, failed_rank=first, message="\n".join(lines))
 
 
-def launch_ranks(config: DemoConfig, nproc: int) -> LaunchOutcome:
+def launch_ranks(config: DemoConfig, nproc: int, *, attempt: int = 0) -> LaunchOutcome:
     """Run the demo on ``nproc`` local ranks (child processes) and wait for all of them.
+
+    ``attempt`` is passed on as ``TORCHELASTIC_RESTART_COUNT``: 0 the first time, N on the
+    N-th restart, when the ranks resume from the newest committed checkpoint.
 
     Example:
         >>> launch_ranks(DemoConfig(out=Path("demo-out")), nproc=2).exit_code  # doctest: +SKIP
@@ -210,14 +221,15 @@ def launch_ranks(config: DemoConfig, nproc: int) -> LaunchOutcome:
     with _sigterm_as_exit():
         try:
             for rank in range(nproc):
-                env = _child_environ(rank, nproc, store.port, status_dir)
+                env = _child_environ(rank, nproc, store.port, status_dir, attempt)
                 processes.append(subprocess.Popen(command, env=env))
-            _watch(processes, status_dir, order)
+            failure_seen_at = _watch(processes, status_dir, order)
         except KeyboardInterrupt:
             _stop(processes)
             return LaunchOutcome(exit_code=130, failed_rank=None, message="interrupted: stopped")
         finally:
             hung = _stop(processes)
+    stopped_at = time.time()
     statuses = [_read_status(status_dir, r) for r in range(nproc)]
     # A rank killed after reporting (hung on teardown) keeps the exit code it reported.
     codes = [
@@ -226,16 +238,23 @@ def launch_ranks(config: DemoConfig, nproc: int) -> LaunchOutcome:
     ]
     if order or any(s is None for s in statuses):
         order += [r for r, s in enumerate(statuses) if s is None and r not in order]
-        return _describe_failure(status_dir, order, codes, nproc)
+        failure = _describe_failure(status_dir, order, codes, nproc)
+        return replace(failure, failure_seen_at=failure_seen_at, stopped_at=stopped_at)
     note = f" (rank(s) {hung} reported but hung on exit and were killed)" if hung else ""
     shutil.rmtree(status_dir, ignore_errors=True)
     return LaunchOutcome(exit_code=max(codes), failed_rank=None, message=FINISHED + note)
 
 
-def _watch(processes: list[subprocess.Popen[bytes]], status_dir: Path, order: list[int]) -> None:
-    """Poll until every child exited; record failing ranks in ``order``; give up on stragglers."""
+def _watch(
+    processes: list[subprocess.Popen[bytes]], status_dir: Path, order: list[int]
+) -> float | None:
+    """Poll until every child exited; record failing ranks in ``order``; give up on stragglers.
+
+    Returns when (wall time) the first failure was seen, or None.
+    """
     nproc = len(processes)
     failed_at: float | None = None
+    seen_at: float | None = None
     reported_at: float | None = None
     while True:
         codes = [p.poll() for p in processes]
@@ -244,12 +263,13 @@ def _watch(processes: list[subprocess.Popen[bytes]], status_dir: Path, order: li
             if code not in (None, 0, EXIT_CHECK_FAILED) and rank not in order:
                 order.append(rank)
                 failed_at = failed_at or now
+                seen_at = seen_at or time.time()
         if all(code is not None for code in codes):
-            return
+            return seen_at
         if failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
-            return  # the rest are stuck waiting for a peer that is gone
+            return seen_at  # the rest are stuck waiting for a peer that is gone
         if all(_read_status(status_dir, r) is not None for r in range(nproc)):
             reported_at = reported_at or now
             if now - reported_at > _EXIT_GRACE_S:
-                return  # every rank is done; one hangs on teardown
+                return seen_at  # every rank is done; one hangs on teardown
         time.sleep(_POLL_S)

@@ -84,7 +84,9 @@ def throughput(records: list[StepRecord]) -> tuple[float, int]:
 
 
 class TimingsWriter:
-    """Append one JSON line per step to ``path`` on rank 0 (truncated on open); a no-op elsewhere.
+    """Append one JSON line per step to ``path`` on rank 0; a no-op elsewhere.
+
+    The first attempt truncates the file on open; a restarted one (``attempt`` > 0) appends.
 
     Example:
         >>> import tempfile, pathlib
@@ -97,20 +99,23 @@ class TimingsWriter:
         'train'
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, attempt: int = 0) -> None:
         self._path = path
+        self._attempt = attempt
         self._file: IO[str] | None = None
 
     def __enter__(self) -> TimingsWriter:
         if distcompat.is_main_process():
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self._path, "w", encoding="utf-8")
+            # a restarted attempt appends: the steps it re-runs show up twice, with its number
+            self._file = open(self._path, "a" if self._attempt else "w", encoding="utf-8")
         return self
 
     def write(self, record: StepRecord, *, phase: str) -> None:
-        """Write ``record`` as one line, tagged with ``phase`` ("train" or "resume")."""
+        """Write ``record`` as one line, tagged with ``phase`` ("train" or "resume") and attempt."""
         if self._file is not None:
-            self._file.write(json.dumps({"phase": phase, **asdict(record)}) + "\n")
+            line = {"phase": phase, "attempt": self._attempt, **asdict(record)}
+            self._file.write(json.dumps(line) + "\n")
             self._file.flush()
 
     def __exit__(
@@ -137,6 +142,9 @@ class RunReport:
     allreduce: AllReduceTiming
     resume: dict[str, Any]
     wall_s: float
+    restarts: int = 0
+    final_params_sha256: str = ""
+    restart_timings: dict[str, Any] | None = None
 
     @property
     def losses(self) -> list[float]:
@@ -185,6 +193,10 @@ class RunReport:
             "resume_matched": bool(self.resume["matched"]),
             "resume": self.resume,
             "checkpoint_step": config.checkpoint_step,
+            "checkpoint_every": config.save_every,
+            "restarts": self.restarts,
+            "restart_timings": self.restart_timings,
+            "final_params_sha256": self.final_params_sha256,
             "sync_wait_ms_median": _median([r.sync_wait_ms for r in self.records]),
             "step_ms_median": _median([r.step_ms for r in self.records]),
             "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
@@ -205,6 +217,7 @@ class RunReport:
             },
             "scaling_note": SCALING_NOTE,
             "wall_s": self.wall_s,
+            "wall_s_note": "this attempt's ranks, from start to report (a restart starts anew)",
         }
 
     def summary(self) -> str:
@@ -226,10 +239,30 @@ class RunReport:
                 f"  resume          {'matched' if resume['matched'] else 'DID NOT MATCH'} "
                 f"({resume['steps_compared']} steps after the step-{resume['checkpoint_step']} "
                 f"checkpoint; max loss diff {resume['max_loss_diff']:.3g})",
+                f"  restarts        {self.restarts}{_restart_line(self.restart_timings)}",
+                f"  params sha256   {self.final_params_sha256}",
                 f"  wrote           {self.config.out / 'manifest.json'}, "
                 f"{self.config.out / 'timings.jsonl'}",
             )
         )
+
+
+def _restart_line(timings: dict[str, Any] | None) -> str:
+    """Where the last restart's time went, for the summary (empty without a restart)."""
+    if not timings:
+        return ""
+
+    def seconds(key: str) -> str:
+        value = timings.get(key)
+        return "?" if value is None else f"{value:.1f} s"
+
+    return (
+        f" (rank {timings.get('killed_rank')} killed at step {timings.get('killed_at_step')}; "
+        f"resumed after step {timings.get('resumed_after_step')}: detected {seconds('detect_s')}, "
+        f"peers stopped {seconds('peers_stopped_s')}, restart {seconds('restart_s')}, resume "
+        f"{seconds('resume_s')}, {timings.get('steps_redone')} step(s) redone "
+        f"{seconds('redo_s')}; lost {seconds('lost_s')} in all)"
+    )
 
 
 def _median(values: list[float]) -> float:

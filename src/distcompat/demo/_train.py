@@ -1,4 +1,4 @@
-"""One rank of the demo: train, checkpoint mid-run, check the resume, check the replicas, report.
+"""One rank of the demo: resume, train, checkpoint, check a resume, check the replicas, report.
 
 The two lines the CLI writes on every rank (inside torchrun, srun, or ranks the demo started)::
 
@@ -9,8 +9,10 @@ Every distcompat piece a real loop needs is used once, in the order a reader mee
 ``init_distributed`` (gloo on CPU), the corpus written once with ``write_tokens``, a sharded
 ``TokenLoader``, a GPT whose attention goes through ``attend``, the ZeRO optimizer of
 :mod:`distcompat.demo._optim` (async reduce-scatter / all-gather futures), ``progress`` and
-``print0`` on rank 0, ``save_checkpoint`` / ``load_checkpoint``, and at the end the collectives of
-:mod:`distcompat.demo._checks`.
+``print0`` on rank 0, ``resume`` / ``save_checkpoint`` of ``training_state`` (every
+``save_every`` steps, so a restarted attempt continues from the newest committed one), and at the
+end the collectives of :mod:`distcompat.demo._checks`. ``--kill RANK@STEP`` makes one rank
+SIGKILL itself on the first attempt (:mod:`distcompat.demo._restarts`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,21 @@ import torch
 
 import distcompat
 import distcompat.distributed as dist
+from distcompat.checkpoint import load_checkpoint, resume, save_checkpoint, training_state
 from distcompat.data import TokenLoader, write_tokens
-from distcompat.demo._checks import check_replicas, flat_parameters, time_allreduce
+from distcompat.demo._checks import check_replicas, flat_parameters, params_sha256, time_allreduce
 from distcompat.demo._config import DemoConfig
 from distcompat.demo._corpus import encode, generate_text
 from distcompat.demo._model import GPT
 from distcompat.demo._optim import ZeroAdamW
 from distcompat.demo._report import RunReport, StepRecord, TimingsWriter, write_manifest
+from distcompat.demo._restarts import (
+    KILL_FILE,
+    RESTARTS_FILE,
+    attempt_number,
+    kill_if_planned,
+    restart_timings,
+)
 from distcompat.rank_logging import progress_backend
 from distcompat.runtime import compute_dtype
 
@@ -123,21 +133,18 @@ class Trainer:
             autocast=autocast,
         )
 
-    def state(self) -> dict[str, Any]:
-        """Return this rank's checkpoint: weights, optimizer shard, loader position, step."""
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "loader": self.loader.state_dict(),
-            "step": self.step,
-        }
+    def state(self, **extra: Any) -> dict[str, Any]:
+        """Return this rank's checkpoint: weights, optimizer shard, loader position, RNG, extra."""
+        return training_state(
+            model=self.model, optimizer=self.optimizer, loader=self.loader, extra=extra
+        )
 
-    def load(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state`."""
+    def load(self, state: dict[str, Any], step: int) -> None:
+        """Restore a :meth:`state` saved after ``step``."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
-        self.step = int(state["step"])
+        self.step = step
         self.batches = None
 
     def train_step(self) -> StepRecord:
@@ -174,47 +181,81 @@ class Trainer:
         self.optimizer.close()
 
 
-def _prepare_corpus(config: DemoConfig) -> Path:
-    """Rank 0 writes the token file (and clears old checkpoints); every rank waits for it."""
+def _prepare_corpus(config: DemoConfig, *, first_attempt: bool) -> Path:
+    """Rank 0 writes the token file (and, on a first attempt, clears old checkpoints)."""
     path = config.out / "data" / "corpus.u16"
-    if distcompat.is_main_process():
+    if distcompat.is_main_process() and (first_attempt or not path.exists()):
         (config.out / "data").mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(config.out / "checkpoints", ignore_errors=True)  # ours, from an older run
+        if first_attempt:  # ours, from an older run; a restart resumes from them instead
+            shutil.rmtree(config.out / "checkpoints", ignore_errors=True)
+            for name in (KILL_FILE, RESTARTS_FILE):
+                (config.out / name).unlink(missing_ok=True)
         tokens = encode(generate_text(seed=config.seed, num_bytes=config.corpus_bytes))
         write_tokens(path, tokens, dtype=torch.uint16)
     distcompat.barrier()
     return path
 
 
+@dataclass(slots=True, kw_only=True)
+class _Progress:
+    """What a run carries across restarts (in each checkpoint's extra) and what it times."""
+
+    records: list[StepRecord]
+    resume_check: dict[str, Any] | None
+    attempt: int
+    caught_up: float | None = None
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any], attempt: int) -> _Progress:
+        records = [StepRecord(**r) for r in extra.get("records", [])]
+        return cls(records=records, resume_check=extra.get("resume_check"), attempt=attempt)
+
+    def extra(self) -> dict[str, Any]:
+        return {"records": [asdict(r) for r in self.records], "resume_check": self.resume_check}
+
+
 def _train(
-    config: DemoConfig, trainer: Trainer, timings: TimingsWriter
-) -> tuple[list[StepRecord], torch.Tensor]:
-    """Run the main loop; return the step records and the parameter snapshot for the resume."""
-    records: list[StepRecord] = []
+    config: DemoConfig,
+    trainer: Trainer,
+    timings: TimingsWriter,
+    progress: _Progress,
+    corpus: Path,
+    device: torch.device,
+) -> None:
+    """Run the main loop from ``trainer.step``; save every ``save_every`` steps; check a resume.
+
+    The resume check runs as soon as the steps it compares exist, while the checkpoint it loads
+    is still kept; its result travels in the following checkpoints, so a restart keeps it.
+    """
     snapshot_step = config.checkpoint_step + config.resume_compare_steps
-    snapshot: torch.Tensor | None = None
-    steps = range(1, config.steps + 1)
+    kill = config.kill_target
+    rank = distcompat.get_rank()
+    steps = range(trainer.step + 1, config.steps + 1)
     # disable=None: tqdm draws the bar on a terminal only; logs get the loss lines alone.
     bar = distcompat.progress(steps, desc=f"train x{distcompat.get_world_size()}", disable=None)
-    for _ in bar:
+    for step in bar:
+        kill_if_planned(config, rank, step, progress.attempt)
+        if kill is not None and progress.attempt > 0 and step == kill[1]:
+            progress.caught_up = time.time()
         record = trainer.train_step()
-        records.append(record)
+        progress.records.append(record)
         timings.write(record, phase="train")
         if record.step % config.log_interval == 0 or record.step == config.steps:
             distcompat.print0(_above_bar() + record.line(config.steps), flush=True)
-        if record.step == config.checkpoint_step:
-            path = distcompat.save_checkpoint(
-                config.out / "checkpoints",
-                record.step,
-                trainer.state(),
-                keep_last=1,
-                metadata={"seed": config.seed, "world_size": distcompat.get_world_size()},
-            )
-            _log.info("checkpoint after step %d: %s", record.step, path)
         if record.step == snapshot_step:
             snapshot = flat_parameters(trainer.model)
-    assert snapshot is not None  # DemoConfig keeps snapshot_step within 1..steps
-    return records, snapshot
+            progress.resume_check = _resume_check(
+                config, corpus, device, progress.records, snapshot, timings
+            )
+        if config.saves_at(record.step):
+            path = save_checkpoint(
+                config.out / "checkpoints",
+                record.step,
+                trainer.state(**progress.extra()),
+                keep_last=config.keep_last,
+                metadata={"seed": config.seed, "world_size": distcompat.get_world_size()},
+            )
+            _log.debug("checkpoint after step %d: %s", record.step, path)
 
 
 def _resume_check(
@@ -229,7 +270,8 @@ def _resume_check(
     # A different init seed: if loading did nothing, the comparison fails loudly.
     fresh = Trainer.build(config, corpus, device, init_seed=config.seed + 1)
     try:
-        fresh.load(distcompat.load_checkpoint(config.out / "checkpoints", config.checkpoint_step))
+        first = config.checkpoint_step
+        fresh.load(load_checkpoint(config.out / "checkpoints", first), first)
         rerun = []
         for _ in range(config.resume_compare_steps):
             record = fresh.train_step()
@@ -238,7 +280,6 @@ def _resume_check(
         params = flat_parameters(fresh.model)
     finally:
         fresh.close()
-    first = config.checkpoint_step
     original = [r.loss for r in records[first : first + len(rerun)]]
     loss_diff = max(abs(a - b) for a, b in zip(rerun, original, strict=True))
     param_diff = float((params - snapshot).abs().max().item())
@@ -270,37 +311,61 @@ def run_rank(config: DemoConfig) -> int:
     """
     torch.set_num_threads(1)  # one thread per rank: ranks share the machine's cores
     started = time.perf_counter()
+    attempt = attempt_number()
     info = distcompat.init_distributed(
         device=config.device, backend=config.backend, timeout=config.timeout_s
     )
-    corpus = _prepare_corpus(config)
+    group_ready = time.time()
+    corpus = _prepare_corpus(config, first_attempt=attempt == 0)
     trainer = Trainer.build(config, corpus, info.device, init_seed=config.seed)
+    resumed = resume(
+        config.out / "checkpoints",
+        model=trainer.model,
+        optimizer=trainer.optimizer,
+        loader=trainer.loader,
+        world_change="error",  # the optimizer state is sharded per rank
+    )
+    resumed_at = time.time()
+    trainer.step = resumed.step
+    progress = _Progress.from_extra(resumed.extra, attempt)
     dtype = compute_dtype(info.device)
     params = sum(p.numel() for p in trainer.model.parameters())
     distcompat.print0(
         f"distcompat demo: {info.world_size} rank(s), {info.backend or 'no group'} on "
         f"{info.device}, {params / 1e6:.2f}M parameters, {config.steps} steps of "
         f"{config.batch_size}x{config.seq_len} tokens per rank\n"
-        f"  {info.reason.replace(chr(10), chr(10) + '  ')}\n  dtype: {dtype.reason}",
+        f"  {info.reason.replace(chr(10), chr(10) + '  ')}\n  dtype: {dtype.reason}"
+        + (f"\n  attempt {attempt}: resumed after step {resumed.step}" if attempt else ""),
         flush=True,
     )
-    with TimingsWriter(config.out / "timings.jsonl") as timings:
-        records, snapshot = _train(config, trainer, timings)
+    with TimingsWriter(config.out / "timings.jsonl", attempt=attempt) as timings:
+        _train(config, trainer, timings, progress, corpus, info.device)
         trainer.close()
-        distcompat.print0("checks: replicas, all-reduce latency, resume ...", flush=True)
+        distcompat.print0("checks: replicas, all-reduce latency ...", flush=True)
         replicas = check_replicas(trainer.model)
         latency = time_allreduce(numel=params, reps=config.allreduce_reps, device=info.device)
-        resume = _resume_check(config, corpus, info.device, records, snapshot, timings)
+    assert progress.resume_check is not None  # DemoConfig keeps the check within 1..steps
     report = RunReport(
         config=config,
         info=info,
         dtype=dtype,
         parameter_count=params,
-        records=records,
+        records=progress.records,
         replicas=replicas,
         allreduce=latency,
-        resume=resume,
+        resume=progress.resume_check,
         wall_s=time.perf_counter() - started,
+        restarts=attempt,
+        final_params_sha256=params_sha256(trainer.model),
+        restart_timings=restart_timings(
+            config.out,
+            attempt=attempt,
+            group_ready=group_ready,
+            resumed_step=resumed.step,
+            resume_s=resumed.seconds,
+            resumed_at=resumed_at,
+            caught_up=progress.caught_up,
+        ),
     )
     if distcompat.is_main_process():
         write_manifest(config.out / "manifest.json", report)
