@@ -3,6 +3,7 @@
     python tools/launchers/run.py                   # everything (what `nox -s launchers` runs)
     python tools/launchers/run.py --only mpich      # one launcher, for debugging
     python tools/launchers/run.py --only slurm      # a prefix: every slurm-* launch
+    python tools/launchers/run.py --only torchrun-elastic   # a rank killed, torchrun restarts
     python tools/launchers/run.py --list            # the names
 
 Prints ``launcher NAME: pass (N ranks, X s)`` or ``launcher NAME: FAIL <reason>`` per launcher and
@@ -32,6 +33,7 @@ from pathlib import Path
 from types import FrameType
 
 from cases import CASES, Case, Context, Need
+from elastic import RESTARTS
 from faults import FAULTS
 from netns import TwoNodes
 from report import read_reports
@@ -89,6 +91,10 @@ def _launch_item(case: Case) -> Item:
 
 ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs != "netns"),
+    *(
+        Item(kind="launcher", name=r.name, needs="host", timeout=r.timeout, run=r.run)
+        for r in RESTARTS
+    ),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
     *(Item(kind="fault", name=f.name, needs="netns", timeout=0, run=f.run) for f in FAULTS),
 )

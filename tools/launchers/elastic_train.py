@@ -1,0 +1,128 @@
+"""A training run that survives a lost rank: the same script on the first start and every restart.
+
+    torchrun --standalone --nproc-per-node=2 --max-restarts=1 elastic_train.py --out DIR --kill 1@7
+
+It starts with ``distcompat.checkpoint.resume`` and saves ``training_state`` every ``--every``
+steps into ``DIR/ckpt``. Each step every rank takes ``--batch`` sample indices from a shuffled
+``ShardedSampler`` (mode ``"drop"``: the same count on every rank), computes a least-squares loss on
+inputs made from the indices, and steps SGD with momentum on the all-reduced gradient. A buffer in
+the model counts how often each sample was trained on (all-reduced each step), so the final state
+says whether every sample was seen exactly once across kills and restarts.
+
+Rank 0 appends ``{"attempt", "step", "loss"}`` to ``DIR/losses.jsonl`` after every step and writes
+``DIR/result.json`` at the end (attempt, resumed step, counts, SHA-256 of the parameters).
+``--kill R@S``: rank R SIGKILLs itself before step S on the first attempt
+(``TORCHELASTIC_RESTART_COUNT`` 0), so torchrun's agent must restart the group.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+import distcompat
+from distcompat.checkpoint import atomic_write_json, resume, save_checkpoint, training_state
+from distcompat.data import ShardedSampler
+
+FEATURES = 8
+
+
+class Model(torch.nn.Module):
+    """A linear model, and a buffer counting how often each sample was trained on."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(
+            torch.randn(FEATURES, generator=generator, dtype=torch.float64)
+        )
+        self.seen: torch.Tensor
+        self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
+
+
+def batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs [B, FEATURES] made from each sample's index, and targets [B]."""
+    rows = [
+        torch.randn(
+            FEATURES, generator=torch.Generator().manual_seed(1000 + i), dtype=torch.float64
+        )
+        for i in indices
+    ]
+    inputs = torch.stack(rows)  # [B, FEATURES]
+    return inputs, inputs.sum(dim=1) * 0.5
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--every", type=int, default=3, help="steps between checkpoints")
+    parser.add_argument("--kill", default="", help="RANK@STEP, first attempt only")
+    args = parser.parse_args()
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    kill = tuple(int(v) for v in args.kill.split("@")) if args.kill and attempt == 0 else None
+
+    info = distcompat.init_distributed(device="cpu", timeout=60)
+    model = Model(args.samples)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    sampler = ShardedSampler(range(args.samples), shuffle=True, seed=5, mode="drop")
+    resumed = resume(args.out / "ckpt", model=model, optimizer=optimizer, loader=sampler)
+    indices = iter(sampler)
+    step = resumed.step
+    while True:
+        mine = [i for _, i in zip(range(args.batch), indices, strict=False)]
+        if len(mine) < args.batch:
+            break  # the epoch is over (mode "drop": the same on every rank)
+        step += 1
+        if kill == (info.rank, step):
+            os.kill(os.getpid(), signal.SIGKILL)
+        inputs, targets = batch(mine)
+        loss = ((inputs @ model.weight - targets) ** 2).mean()
+        loss.backward()  # type: ignore[no-untyped-call]
+        assert model.weight.grad is not None
+        distcompat.all_reduce(model.weight.grad)
+        model.weight.grad /= info.world_size
+        counts = torch.zeros(args.samples, dtype=torch.int64)
+        counts[mine] = 1
+        distcompat.all_reduce(counts)
+        model.seen += counts
+        mean = loss.detach().reshape(1)
+        distcompat.all_reduce(mean)
+        optimizer.step()
+        optimizer.zero_grad()
+        if info.rank == 0:
+            with (args.out / "losses.jsonl").open("a", encoding="utf-8") as log:
+                line = {"attempt": attempt, "step": step, "loss": mean.item() / info.world_size}
+                log.write(json.dumps(line) + "\n")
+        if step % args.every == 0:
+            state = training_state(model=model, optimizer=optimizer, loader=sampler)
+            save_checkpoint(args.out / "ckpt", step, state, keep_last=2)
+    if info.rank == 0:
+        raw = model.weight.detach().view(torch.uint8)
+        atomic_write_json(
+            args.out / "result.json",
+            {
+                "attempt": attempt,
+                "world_size": info.world_size,
+                "resumed_step": resumed.step,
+                "resume_s": resumed.seconds,
+                "skipped": list(resumed.skipped),
+                "last_step": step,
+                "seen": model.seen.tolist(),
+                "sha256": hashlib.sha256(bytes(raw.tolist())).hexdigest(),
+            },
+        )
+    distcompat.destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
