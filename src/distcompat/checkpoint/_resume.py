@@ -103,10 +103,11 @@ def _rng_state() -> dict[str, Any]:
 
 
 def _set_rng_state(state: Mapping[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
+    # .cpu(): the generators take CPU byte tensors, whatever map_location the load used
+    torch.set_rng_state(state["torch"].cpu())
     random.setstate(_as_random_state(state["python"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _as_random_state(value: Any) -> tuple[Any, ...]:

@@ -256,12 +256,17 @@ def _restart_line(timings: dict[str, Any] | None) -> str:
         value = timings.get(key)
         return "?" if value is None else f"{value:.1f} s"
 
+    detected = (
+        f"detected {seconds('detect_s')}, peers stopped {seconds('peers_stopped_s')}, restart "
+        if timings.get("detect_s") is not None
+        else "detection and restart (by the launcher) "
+    )
     return (
         f" (rank {timings.get('killed_rank')} killed at step {timings.get('killed_at_step')}; "
-        f"resumed after step {timings.get('resumed_after_step')}: detected {seconds('detect_s')}, "
-        f"peers stopped {seconds('peers_stopped_s')}, restart {seconds('restart_s')}, resume "
-        f"{seconds('resume_s')}, {timings.get('steps_redone')} step(s) redone "
-        f"{seconds('redo_s')}; lost {seconds('lost_s')} in all)"
+        f"resumed after step {timings.get('resumed_after_step')}: {detected}"
+        f"{seconds('restart_s')}, resume {seconds('resume_s')}, "
+        f"{timings.get('steps_redone')} step(s) redone {seconds('redo_s')}; "
+        f"lost {seconds('lost_s')} in all)"
     )
 
 
