@@ -21,6 +21,11 @@ Rules this module keeps:
   ``watchdog=<seconds>``. A collective that failed (hang declared, group timeout, lost peer) ends
   the process within seconds once its error goes unhandled (``diagnostics._exit``).
 * Rank 0 logs which group it made, once, at INFO on the ``distcompat.process_group`` logger.
+* A group distcompat made is destroyed at exit (``atexit``) if the script did not destroy it,
+  while the interpreter still runs every thread: gloo's threads then finish distcompat's future
+  callbacks and are joined, instead of meeting a half torn-down interpreter (measured: 5 of 10
+  two-rank scripts that returned after waiting on async all_reduce futures ended in SIGABRT,
+  "terminate called without an active exception"; 0 of 10 with the teardown).
 
 This is the layer that wires the others together (docs/architecture.md): it asks ``launch`` for
 the placement and the watchdog setting, publishes this rank's identity for ``collectives`` to
@@ -30,6 +35,7 @@ itself is made in ``_create``; the rank queries read the record kept in ``distco
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import warnings
@@ -85,6 +91,14 @@ class _Lifecycle:
 
 # What init_distributed set up, with the arguments it was called with (for idempotence).
 _current: _Lifecycle | None = None
+# Whether _destroy_at_exit is registered with atexit (once per process).
+_exit_registered = False
+
+
+def _destroy_at_exit() -> None:
+    """Destroy a group init made and the script left, before the interpreter tears down."""
+    if _current is not None and _current.info.has_group and not _current.info.adopted:
+        destroy_distributed()
 
 
 def _normalize(
@@ -136,7 +150,7 @@ def init_distributed(
         True
         >>> destroy_distributed()
     """
-    global _current
+    global _current, _exit_registered
     request = _normalize(device, backend, timeout, watchdog)
     if _current is not None:
         if _current.info.has_group and not dist.is_initialized():
@@ -176,6 +190,9 @@ def init_distributed(
     record(info)
     if info.has_group:
         install_exit_guard()
+        if not info.adopted and not _exit_registered:
+            atexit.register(_destroy_at_exit)
+            _exit_registered = True
     _current = _Lifecycle(info=info, request=request, watchdog=started, environ=writes)
     _LOG.info("distcompat: %s; watchdog %s", info.summary, info.watchdog_reason.split(":")[0])
     return info

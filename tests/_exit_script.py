@@ -1,0 +1,30 @@
+"""A script that succeeds and returns without ``destroy_distributed()``: run by test_process_group.
+
+It waits on a few async all_reduce and reduce_scatter_tensor futures, as a ZeRO-style optimizer
+does, then simply ends. Its process must exit 0 (issue 28: it ended in SIGABRT 3-5 times in 10).
+"""
+
+from __future__ import annotations
+
+import torch
+
+import distcompat
+
+
+def main() -> None:
+    """Wait on async futures, print, and return with the group still up."""
+    info = distcompat.init_distributed(device="cpu")
+    buckets = [torch.ones(8) for _ in range(3)]
+    futures = []
+    for grads in buckets:
+        futures.append(distcompat.all_reduce(grads, async_op=True).get_future())
+        shard = torch.empty(8 // info.world_size)
+        work = distcompat.reduce_scatter_tensor(shard, torch.ones(8), async_op=True)
+        futures.append(work.get_future())
+    for future in futures:
+        future.wait()
+    print("DONE", info.rank, sum(b[0].item() for b in buckets), flush=True)
+
+
+if __name__ == "__main__":
+    main()
