@@ -82,18 +82,25 @@ def call_key(
 
 
 def _eager_call(plan: Plan) -> Call:
-    # The plainest plan, SDPA on (B, H, T, D) with nothing around it: SDPA with bound arguments.
-    plain = plan.impl == "sdpa" and not plan.bthd and plan.dead is None
-    if plain and plan.start == 0 and plan.repeat == 1:
-        gqa: dict[str, Any] = {"enable_gqa": True} if plan.gqa else {}
-        return functools.partial(
-            F.scaled_dot_product_attention,
-            attn_mask=plan.mask,
-            is_causal=plan.causal,
-            scale=plan.scale,
-            **gqa,
-        )
-    return functools.partial(run_plan, plan)
+    # What run_plan does for this plan, with its branches taken once, here: a plain SDPA plan
+    # becomes SDPA with bound arguments (and the layout's transposes), anything else run_plan.
+    if plan.impl != "sdpa" or plan.start or plan.repeat != 1 or plan.dead is not None:
+        return functools.partial(run_plan, plan)
+    gqa: dict[str, Any] = {"enable_gqa": True} if plan.gqa else {}
+    kernel = functools.partial(
+        F.scaled_dot_product_attention,
+        attn_mask=plan.mask,
+        is_causal=plan.causal,
+        scale=plan.scale,
+        **gqa,
+    )
+    if not plan.bthd:
+        return kernel
+
+    def bthd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return kernel(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return bthd
 
 
 def _make(key: Key) -> tuple[Plan, Call]:

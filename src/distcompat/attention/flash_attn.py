@@ -36,7 +36,8 @@ def flash_attn_func(
         >>> flash_attn_func(q, q[:, :, :2], q[:, :, :2], causal=True).shape
         torch.Size([2, 5, 4, 8])
     """
-    return attend(q, k, v, causal=causal, window=from_nanochat_window(window_size), layout="bthd")
+    # The window is checked where every call's arguments are, once per signature.
+    return attend(q, k, v, causal=causal, window=window_size, layout="bthd")
 
 
 def flash_attn_with_kvcache(
