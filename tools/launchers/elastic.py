@@ -9,6 +9,8 @@
   checkpoint committed before the kill, the losses of every step after it equal those of an
   uninterrupted run bit for bit, every sample was trained on exactly once in the committed
   history, and the final parameters hash like the uninterrupted run's.
+* ``openmpi-rerun``: the same script under ``mpirun -np 2``; the kill ends the job (mpirun does
+  not restart), and running the same command again must resume it, with the same checks.
 """
 
 from __future__ import annotations
@@ -38,26 +40,31 @@ class Restart:
     name: str
     timeout: float
     run: Callable[[Context], Verdict]
+    binaries: tuple[str, ...] = ()
 
 
-def _torchrun(
-    ctx: Context, out: Path, torchrun_flags: tuple[str, ...] = (), kill: str = ""
+def _script(out: Path, kill: str, run: str) -> list[str]:
+    argv = [str(ELASTIC_TRAIN), "--out", str(out), "--tag", run]
+    argv += ["--samples", str(SAMPLES), "--batch", str(BATCH), "--every", str(EVERY)]
+    return argv + (["--kill", kill] if kill else [])
+
+
+def _launch(
+    ctx: Context, out: Path, head: list[str], *, kill: str = "", run: str
 ) -> procs.Finished:
+    """Run ``head + elastic_train.py ...`` into ``out``; the log is ``<run>.log``."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = [
-        str(ctx.bin / "torchrun"),
-        "--standalone",
-        "--nproc-per-node=2",
-        *torchrun_flags,
-        str(ELASTIC_TRAIN),
-        "--out", str(out),
-        "--samples", str(SAMPLES),
-        "--batch", str(BATCH),
-        "--every", str(EVERY),
-    ]  # fmt: skip
-    if kill:
-        argv += ["--kill", kill]
-    return procs.run(argv, env=ctx.env, log=out / "launch.log", timeout=ctx.timeout, cwd=out)
+    argv = head + _script(out, kill, run)
+    return procs.run(argv, env=ctx.env, log=out / f"{run}.log", timeout=ctx.timeout, cwd=out)
+
+
+def _torchrun(ctx: Context, *flags: str) -> list[str]:
+    return [str(ctx.bin / "torchrun"), "--standalone", "--nproc-per-node=2", *flags]
+
+
+def _mpirun(ctx: Context) -> list[str]:
+    mpirun = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
+    return [*mpirun, ctx.python]
 
 
 def _losses(out: Path) -> list[dict[str, Any]]:
@@ -75,35 +82,24 @@ def _result(out: Path) -> dict[str, Any] | None:
     return found
 
 
-def torchrun_elastic(ctx: Context) -> Verdict:
-    """A rank killed under torchrun --max-restarts=1: restarted, resumed, same result."""
-    started = time.monotonic()
-    plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
-    plain = _torchrun(ctx, plain_out)
-    plain_s = time.monotonic() - started
-    if plain.returncode != 0:
-        line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
-        return Verdict(ok=False, line=line)
-    restart = ("--max-restarts=1", "--monitor-interval=0.1")
-    killed = _torchrun(ctx, killed_out, restart, kill=f"{KILL_RANK}@{KILL_STEP}")
-    seconds = time.monotonic() - started
-    problems = []
-    if killed.returncode != 0:
-        problems.append(f"killed run: exit {killed.returncode}: {killed.tail()}")
+def _judge(
+    plain_out: Path, killed_out: Path, run: str, how: str, seconds: float, plain_s: float
+) -> Verdict:
+    """Compare the resumed ``run`` in ``killed_out`` with the uninterrupted run."""
     reference, result = _result(plain_out), _result(killed_out)
     if reference is None or result is None:
-        which = "uninterrupted" if reference is None else "killed"
-        problems.append(f"no result.json from the {which} run")
-        return Verdict(ok=False, line=f"FAIL {'; '.join(problems)} ({seconds:.1f} s)")
+        which = "uninterrupted" if reference is None else "resumed"
+        return Verdict(ok=False, line=f"FAIL no result.json from the {which} run ({seconds:.1f} s)")
+    problems = []
     expected_resume = (KILL_STEP - 1) // EVERY * EVERY
-    if result["attempt"] != 1:
-        problems.append(f"finished on attempt {result['attempt']}, not after one restart")
+    if result["run"] != run:
+        problems.append(f"finished in run {result['run']!r}, not {run!r}")
     if result["resumed_step"] != expected_resume:
         problems.append(f"resumed after step {result['resumed_step']}, not {expected_resume}")
     want = {r["step"]: r["loss"] for r in _losses(plain_out)}
-    after = [r for r in _losses(killed_out) if r["attempt"] == result["attempt"]]
+    after = [r for r in _losses(killed_out) if r["run"] == run]
     if [r["step"] for r in after] != list(range(expected_resume + 1, max(want) + 1)):
-        problems.append(f"attempt 1 ran steps {[r['step'] for r in after][:3]}...")
+        problems.append(f"the resumed run ran steps {[r['step'] for r in after][:3]}...")
     differ = [r["step"] for r in after if want.get(r["step"]) != r["loss"]]
     if differ:
         problems.append(f"losses differ from the uninterrupted run at steps {differ[:5]}")
@@ -118,12 +114,62 @@ def torchrun_elastic(ctx: Context) -> Verdict:
         ok=True,
         line=(
             f"pass (2 ranks, {seconds:.1f} s; rank {KILL_RANK} killed at step {KILL_STEP}, "
-            f"torchrun restarted the group, resumed after step {expected_resume} in "
-            f"{result['resume_s']:.2f} s, losses of steps {expected_resume + 1}-{max(want)} "
-            f"equal to an uninterrupted run ({plain_s:.1f} s), each of {SAMPLES} samples seen "
-            "once, final parameters equal)"
+            f"{how}, resumed after step {expected_resume} in {result['resume_s']:.2f} s, "
+            f"losses of steps {expected_resume + 1}-{max(want)} equal to an uninterrupted run "
+            f"({plain_s:.1f} s), each of {SAMPLES} samples seen once, final parameters equal)"
         ),
     )
 
 
-RESTARTS = (Restart(name="torchrun-elastic", timeout=240, run=torchrun_elastic),)
+def torchrun_elastic(ctx: Context) -> Verdict:
+    """A rank killed under torchrun --max-restarts=1: restarted, resumed, same result."""
+    started = time.monotonic()
+    plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
+    plain = _launch(ctx, plain_out, _torchrun(ctx), run="plain")
+    plain_s = time.monotonic() - started
+    if plain.returncode != 0:
+        line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
+        return Verdict(ok=False, line=line)
+    head = _torchrun(ctx, "--max-restarts=1", "--monitor-interval=0.1")
+    # the script tags each attempt with torchrun's restart count: "attempt-0", "attempt-1"
+    killed = _launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="attempt")
+    seconds = time.monotonic() - started
+    if killed.returncode != 0:
+        return Verdict(ok=False, line=f"FAIL killed run: exit {killed.returncode}: "
+                       f"{killed.tail()} ({seconds:.1f} s)")  # fmt: skip
+    return _judge(
+        plain_out, killed_out, "attempt-1", "torchrun restarted the group", seconds, plain_s
+    )
+
+
+def openmpi_rerun(ctx: Context) -> Verdict:
+    """A rank killed under mpirun ends the job; the same command again resumes it."""
+    started = time.monotonic()
+    plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
+    plain = _launch(ctx, plain_out, _mpirun(ctx), run="plain")
+    plain_s = time.monotonic() - started
+    if plain.returncode != 0:
+        line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
+        return Verdict(ok=False, line=line)
+    first = _launch(ctx, killed_out, _mpirun(ctx), kill=f"{KILL_RANK}@{KILL_STEP}", run="first")
+    if first.returncode in (0, None):
+        what = "hung" if first.returncode is None else "exited 0"
+        return Verdict(ok=False, line=f"FAIL the run with a killed rank {what}: {first.tail()}")
+    rerun = _launch(ctx, killed_out, _mpirun(ctx), run="rerun")
+    seconds = time.monotonic() - started
+    if rerun.returncode != 0:
+        return Verdict(ok=False, line=f"FAIL re-run: exit {rerun.returncode}: "
+                       f"{rerun.tail()} ({seconds:.1f} s)")  # fmt: skip
+    how = f"mpirun ended the job (exit {first.returncode}), the same command again"
+    return _judge(plain_out, killed_out, "rerun", how, seconds, plain_s)
+
+
+RESTARTS = (
+    Restart(name="torchrun-elastic", timeout=240, run=torchrun_elastic),
+    Restart(
+        name="openmpi-rerun",
+        timeout=240,
+        run=openmpi_rerun,
+        binaries=("mpirun.openmpi",),
+    ),
+)

@@ -9,10 +9,11 @@ inputs made from the indices, and steps SGD with momentum on the all-reduced gra
 the model counts how often each sample was trained on (all-reduced each step), so the final state
 says whether every sample was seen exactly once across kills and restarts.
 
-Rank 0 appends ``{"attempt", "step", "loss"}`` to ``DIR/losses.jsonl`` after every step and writes
-``DIR/result.json`` at the end (attempt, resumed step, counts, SHA-256 of the parameters).
-``--kill R@S``: rank R SIGKILLs itself before step S on the first attempt
-(``TORCHELASTIC_RESTART_COUNT`` 0), so torchrun's agent must restart the group.
+Rank 0 appends ``{"run", "step", "loss"}`` to ``DIR/losses.jsonl`` after every step and writes
+``DIR/result.json`` at the end (run, resumed step, counts, SHA-256 of the parameters); ``run``
+is ``--tag``, plus ``-<attempt>`` under torchrun. ``--kill R@S``: rank R SIGKILLs itself before
+step S on the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so torchrun's agent must
+restart the group, or under another launcher the job ends and is run again without ``--kill``.
 """
 
 from __future__ import annotations
@@ -66,8 +67,13 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--every", type=int, default=3, help="steps between checkpoints")
     parser.add_argument("--kill", default="", help="RANK@STEP, first attempt only")
+    parser.add_argument(
+        "--tag", default="run", help="tag of this run's lines (under torchrun: + -<attempt>)"
+    )
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if "TORCHELASTIC_RESTART_COUNT" in os.environ:
+        args.tag = f"{args.tag}-{attempt}"
     kill = tuple(int(v) for v in args.kill.split("@")) if args.kill and attempt == 0 else None
 
     info = distcompat.init_distributed(device="cpu", timeout=60)
@@ -100,7 +106,7 @@ def main() -> int:
         optimizer.zero_grad()
         if info.rank == 0:
             with (args.out / "losses.jsonl").open("a", encoding="utf-8") as log:
-                line = {"attempt": attempt, "step": step, "loss": mean.item() / info.world_size}
+                line = {"run": args.tag, "step": step, "loss": mean.item() / info.world_size}
                 log.write(json.dumps(line) + "\n")
         if step % args.every == 0:
             state = training_state(model=model, optimizer=optimizer, loader=sampler)
@@ -110,6 +116,7 @@ def main() -> int:
         atomic_write_json(
             args.out / "result.json",
             {
+                "run": args.tag,
                 "attempt": attempt,
                 "world_size": info.world_size,
                 "resumed_step": resumed.step,

@@ -4,6 +4,7 @@
     python tools/launchers/run.py --only mpich      # one launcher, for debugging
     python tools/launchers/run.py --only slurm      # a prefix: every slurm-* launch
     python tools/launchers/run.py --only torchrun-elastic   # a rank killed, torchrun restarts
+    python tools/launchers/run.py --only openmpi-rerun      # killed under mpirun, then re-run
     python tools/launchers/run.py --list            # the names
 
 Prints ``launcher NAME: pass (N ranks, X s)`` or ``launcher NAME: FAIL <reason>`` per launcher and
@@ -92,7 +93,14 @@ def _launch_item(case: Case) -> Item:
 ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs != "netns"),
     *(
-        Item(kind="launcher", name=r.name, needs="host", timeout=r.timeout, run=r.run)
+        Item(
+            kind="launcher",
+            name=r.name,
+            needs="host",
+            timeout=r.timeout,
+            run=r.run,
+            binaries=r.binaries,
+        )
         for r in RESTARTS
     ),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
