@@ -2,18 +2,20 @@
 # The GPU half of the matrix in one run, for a lent GPU machine (issue 18): the machine's own
 # python with a CUDA torch, distcompat from src/ (nothing is installed). Each step has its own
 # time limit, so a hang costs that step only. Logs and generated files go to $OUT (./gpu-out):
-# run.log (env, capability tables, demo), tests.log, collectives.log, attention.log, and the
-# files they generate (seven in all: the device tool brings back at most eight).
+# run.log (env, capability tables, demo), tests.log, collectives.log, attention.log,
+# nanochat.log, and the files they generate (eight in all: the most the device tool brings back).
 #
-#     OUT=gpu-out bash tools/gpu_checks.sh            # everything: 202 s on an H100
+#     OUT=gpu-out bash tools/gpu_checks.sh            # everything: 202 s on an H100 before the
+#                                                     # nanochat step (limit 300 s, not yet run)
 #     bash tools/gpu_checks.sh tests caps             # only the named steps
 #     ATTENTION_ARGS="--seq 4096 --dtypes bfloat16" bash tools/gpu_checks.sh attention
+#     bash tools/gpu_checks.sh env nanochat           # issue 29: distcompat vs direct SDPA training
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-STEPS=${*:-env tests caps demo collectives attention}
+STEPS=${*:-env tests caps demo collectives attention nanochat}
 
 step() {  # step LOG LIMIT_S COMMAND...: run it, append to $OUT/LOG.log, say how it ended
     local name=$1 limit=$2 start rc
@@ -65,6 +67,15 @@ $PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|h
         step attention 150 "$PY" benchmarks/bench_attention.py --device cuda \
             ${ATTENTION_ARGS:---dtypes bfloat16 --rounds 5 --dispatch-calls 2000}
         cat "$OUT/attention.log"
+        ;;
+    nanochat)
+        # Issue 29: a nanochat-shaped model (depth 8, width 512, head dim 128, seq 2048, batch 16,
+        # SSSL windows, bf16 autocast, torch.compile), 40 steps each with attention through
+        # distcompat and through direct SDPA, interleaved: median step, peak memory, ratio.
+        # shellcheck disable=SC2086  # NANOCHAT_ARGS is a list of flags
+        step nanochat 300 "$PY" benchmarks/bench_nanochat_attention.py --device cuda \
+            ${NANOCHAT_ARGS:-}
+        cat "$OUT/nanochat.log"
         ;;
     *) echo "unknown step $name" ;;
     esac
