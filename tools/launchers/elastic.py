@@ -9,8 +9,9 @@
   checkpoint committed before the kill, the losses of every step after it equal those of an
   uninterrupted run bit for bit, every sample was trained on exactly once in the committed
   history, and the final parameters hash like the uninterrupted run's.
-* ``openmpi-rerun``: the same script under ``mpirun -np 2``; the kill ends the job (mpirun does
-  not restart), and running the same command again must resume it, with the same checks.
+* ``openmpi-rerun`` and ``slurm-rerun``: the same script under ``mpirun -np 2`` or ``srun -n 2``
+  (in the session's Slurm cluster); the kill ends the job (neither restarts it), and running
+  the same command again must resume it, with the same checks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import procs
-from cases import HERE, Context
+from cases import HERE, Context, Need
 from verdict import Verdict
 
 ELASTIC_TRAIN = HERE / "elastic_train.py"
@@ -40,6 +41,7 @@ class Restart:
     name: str
     timeout: float
     run: Callable[[Context], Verdict]
+    needs: Need = "host"
     binaries: tuple[str, ...] = ()
 
 
@@ -55,7 +57,8 @@ def _launch(
     """Run ``head + elastic_train.py ...`` into ``out``; the log is ``<run>.log``."""
     out.mkdir(parents=True, exist_ok=True)
     argv = head + _script(out, kill, run)
-    return procs.run(argv, env=ctx.env, log=out / f"{run}.log", timeout=ctx.timeout, cwd=out)
+    env = ctx.env if ctx.cluster is None else {**ctx.env, **ctx.cluster.env}  # SLURM_CONF
+    return procs.run(argv, env=env, log=out / f"{run}.log", timeout=ctx.timeout, cwd=out)
 
 
 def _torchrun(ctx: Context, *flags: str) -> list[str]:
@@ -142,25 +145,39 @@ def torchrun_elastic(ctx: Context) -> Verdict:
     )
 
 
+def _srun(ctx: Context) -> list[str]:
+    return ["srun", "-n", "2", ctx.python]
+
+
 def openmpi_rerun(ctx: Context) -> Verdict:
     """A rank killed under mpirun ends the job; the same command again resumes it."""
+    return _rerun(ctx, _mpirun(ctx), "mpirun")
+
+
+def slurm_rerun(ctx: Context) -> Verdict:
+    """A rank killed under srun ends the step; the same srun again resumes it."""
+    return _rerun(ctx, _srun(ctx), "srun")
+
+
+def _rerun(ctx: Context, head: list[str], launcher: str) -> Verdict:
+    """Uninterrupted, killed, then the same command again: the last one must resume."""
     started = time.monotonic()
     plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
-    plain = _launch(ctx, plain_out, _mpirun(ctx), run="plain")
+    plain = _launch(ctx, plain_out, head, run="plain")
     plain_s = time.monotonic() - started
     if plain.returncode != 0:
         line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
         return Verdict(ok=False, line=line)
-    first = _launch(ctx, killed_out, _mpirun(ctx), kill=f"{KILL_RANK}@{KILL_STEP}", run="first")
+    first = _launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="first")
     if first.returncode in (0, None):
         what = "hung" if first.returncode is None else "exited 0"
         return Verdict(ok=False, line=f"FAIL the run with a killed rank {what}: {first.tail()}")
-    rerun = _launch(ctx, killed_out, _mpirun(ctx), run="rerun")
+    rerun = _launch(ctx, killed_out, head, run="rerun")
     seconds = time.monotonic() - started
     if rerun.returncode != 0:
         return Verdict(ok=False, line=f"FAIL re-run: exit {rerun.returncode}: "
                        f"{rerun.tail()} ({seconds:.1f} s)")  # fmt: skip
-    how = f"mpirun ended the job (exit {first.returncode}), the same command again"
+    how = f"{launcher} ended the job (exit {first.returncode}), the same command again"
     return _judge(plain_out, killed_out, "rerun", how, seconds, plain_s)
 
 
@@ -172,4 +189,5 @@ RESTARTS = (
         run=openmpi_rerun,
         binaries=("mpirun.openmpi",),
     ),
+    Restart(name="slurm-rerun", timeout=240, run=slurm_rerun, needs="slurm"),
 )

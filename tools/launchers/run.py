@@ -34,7 +34,7 @@ from pathlib import Path
 from types import FrameType
 
 from cases import CASES, Case, Context, Need
-from elastic import RESTARTS
+from elastic import RESTARTS, Restart
 from faults import FAULTS
 from netns import TwoNodes
 from report import read_reports
@@ -90,19 +90,23 @@ def _launch_item(case: Case) -> Item:
     )
 
 
+def _restart_item(restart: Restart) -> Item:
+    return Item(
+        kind="launcher",
+        name=restart.name,
+        needs=restart.needs,
+        timeout=restart.timeout,
+        run=restart.run,
+        binaries=_NEED_BINARIES[restart.needs] + restart.binaries,
+    )
+
+
+# grouped by what they need (run.py sets up the Slurm cluster and the namespaces once per group)
 ITEMS = (
-    *(_launch_item(case) for case in CASES if case.needs != "netns"),
-    *(
-        Item(
-            kind="launcher",
-            name=r.name,
-            needs="host",
-            timeout=r.timeout,
-            run=r.run,
-            binaries=r.binaries,
-        )
-        for r in RESTARTS
-    ),
+    *(_launch_item(case) for case in CASES if case.needs == "host"),
+    *(_restart_item(r) for r in RESTARTS if r.needs == "host"),
+    *(_launch_item(case) for case in CASES if case.needs == "slurm"),
+    *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
     *(Item(kind="fault", name=f.name, needs="netns", timeout=0, run=f.run) for f in FAULTS),
 )
