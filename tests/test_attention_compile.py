@@ -242,3 +242,20 @@ def test_bad_input_inside_compile_still_names_the_problem() -> None:
     torch._dynamo.reset()
     with pytest.raises(Exception, match="not a multiple"):
         compiled(torch.zeros(1, 3, 4, 8), torch.zeros(1, 2, 4, 8))
+
+
+def test_forced_flex_compiles_fullgraph_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flex has no backward on CPU; forward-only calls compile in one graph, no warning."""
+    monkeypatch.setenv("DISTCOMPAT_ATTENTION", "flex")
+    q, k = torch.randn(1, 4, 128, 16), torch.randn(1, 2, 128, 16)
+
+    def call(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        return attend(q, k, k, causal=True, window=(15, 0))
+
+    with torch.no_grad():
+        ref = call(q, k)
+        seen, out = compile_and_count(call, q, k)
+    assert seen.graphs == 1
+    assert seen.breaks == 0
+    assert seen.warnings == []
+    assert torch.allclose(out, ref, atol=1e-6)

@@ -323,3 +323,15 @@ def test_flex_on_cuda_refuses_the_query_lengths_it_failed_on(tq: int, feasible: 
     with override_kernels(probes=installed("flex")):
         why = infeasible("flex", cuda_sig((9, 0), tq=tq, tk=256), None)
     assert (why is None) == feasible, why
+
+
+@pytest.mark.parametrize(("share", "expected"), [(8, "sdpa"), (3, "flex")])
+def test_flex_window_rule_is_one_named_constant(
+    share: int, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nanochat's S layer on a GPU without FA: 513 of 2048 keys, decided by the constant alone."""
+    monkeypatch.setattr("distcompat.attention._rules.FLEX_MAX_WINDOW_SHARE", share)
+    sig = cuda_sig((9, 0), tq=2048, tk=2048, window=(512, 0))
+    with override_kernels(probes={**MISSING, **installed("flex")}):
+        decision = decide(sig)
+    assert decision.impl == expected, decision.why()

@@ -87,7 +87,7 @@ def _eager_call(plan: Plan) -> Call:
     if plan.impl != "sdpa" or plan.start or plan.repeat != 1 or plan.dead is not None:
         return functools.partial(run_plan, plan)
     gqa: dict[str, Any] = {"enable_gqa": True} if plan.gqa else {}
-    kernel = functools.partial(
+    kernel: Call = functools.partial(
         F.scaled_dot_product_attention,
         attn_mask=plan.mask,
         is_causal=plan.causal,

@@ -23,7 +23,14 @@ from distcompat.attention._contract import UNBOUNDED, Window
 from distcompat.attention._kernels import probe_kernel
 from distcompat.launch._host import HostInfo
 
-__all__ = ["AUTO_ORDER", "IMPLEMENTATIONS", "CallSignature", "auto_skip", "infeasible"]
+__all__ = [
+    "AUTO_ORDER",
+    "FLEX_MAX_WINDOW_SHARE",
+    "IMPLEMENTATIONS",
+    "CallSignature",
+    "auto_skip",
+    "infeasible",
+]
 
 #: Every implementation name, in the order ``auto`` tries them.
 AUTO_ORDER: tuple[str, ...] = ("fa3", "fa4", "fa2", "flex", "sdpa", "math")
@@ -160,10 +167,14 @@ def _fa_infeasible(name: str, sig: CallSignature, host: HostInfo | None) -> str 
     )
 
 
-#: auto takes flex for a window only when it sees at most 1/this of the keys. Measured on an H100
-#: (torch 2.11, bf16, B4 H8 D64, benchmarks/README.md): a 256-key window over 1024 keys was faster
-#: in SDPA with a mask, over 4096 keys in flex; the crossover between them is not measured.
-_FLEX_WINDOW_SHARE = 8
+#: The rule by which auto takes flex (block-sparse) over SDPA with a mask for a sliding window on
+#: CUDA/XPU: only when the window sees at most 1/FLEX_MAX_WINDOW_SHARE of the keys. It rests on two
+#: points measured on an H100 (torch 2.11, bf16, B4 H8 D64, benchmarks/README.md): 256 keys of
+#: 1024 were faster in SDPA with a mask (flex 0.91x forward, 0.69x with backward), 256 of 4096
+#: in flex (3.3x, 2.2x). The crossover between 1/4 and 1/16 is NOT measured (issue 29): set this
+#: from ``bench_attention.py --device cuda --seq 2048 --window 512`` (nanochat's S layers: 513 of
+#: 2048 keys, 1/4) and neighbouring windows on a GPU; 8 is the value in force until then.
+FLEX_MAX_WINDOW_SHARE = 8
 
 #: On CUDA, query lengths from 2 to this were not run through compiled flex: Tq 64 raised
 #: inductor's NoValidChoicesError (torch 2.11, GQA 8:2, D 64, bf16); Tq 1, 256, 1024, 4096 ran.
@@ -209,9 +220,9 @@ def auto_skip(name: str, sig: CallSignature) -> str | None:
                 "name it in DISTCOMPAT_ATTENTION to use it"
             )
         keys = sig.window[0] + 1
-        if keys * _FLEX_WINDOW_SHARE > sig.tk:
+        if keys * FLEX_MAX_WINDOW_SHARE > sig.tk:
             return (
-                f"a {keys}-key window is over 1/{_FLEX_WINDOW_SHARE} of the {sig.tk} keys: too "
+                f"a {keys}-key window is over 1/{FLEX_MAX_WINDOW_SHARE} of the {sig.tk} keys: too "
                 "few key blocks to skip (H100: 256 of 1024 keys, flex 0.91x of SDPA forward and "
                 "0.69x with backward; 256 of 4096, flex 3.3x and 2.2x faster)"
             )
