@@ -169,7 +169,9 @@ def dispatch_overhead(calls: int, device: torch.device) -> None:
         (
             "decode, bthd, GQA",
             lambda: attend(qt[:, -1:], kt, kt, causal=True, layout="bthd"),
-            lambda: sdpa(qt[:, -1:].transpose(1, 2), kv, kv, enable_gqa=True).transpose(1, 2),
+            lambda: sdpa(
+                qt[:, -1:].transpose(1, 2), kt.transpose(1, 2), kt.transpose(1, 2), enable_gqa=True
+            ).transpose(1, 2),
         ),
     ]
     cuda = device.type == "cuda"

@@ -26,7 +26,13 @@ from distcompat.attention._adapters import (
     sdpa_notes,
     sdpa_strategy,
 )
-from distcompat.attention._contract import AttentionInputError, Window, canonical_window
+from distcompat.attention._contract import (
+    AttentionInputError,
+    Layout,
+    Window,
+    canonical_window,
+    to_bhtd,
+)
 from distcompat.attention._kernels import (
     device_capability,
     flex_takes_gqa,
@@ -50,6 +56,7 @@ __all__ = [
     "AttentionUnavailableError",
     "Rejection",
     "decide",
+    "explain_attention",
     "parse_override",
     "read_override",
     "signature_from",
@@ -284,3 +291,30 @@ def decide(sig: CallSignature) -> AttentionDecision:
         'sdpa'
     """
     return _decide(sig, read_override(), probe_host(), state_token())
+
+
+def explain_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    window: Window | None = None,
+    scale: float | None = None,
+    layout: Layout = "bhtd",
+) -> AttentionDecision:
+    """Return what :func:`attend` would run for these arguments and why it rejected the others.
+
+    Takes the same arguments as :func:`attend` and runs no kernel.
+
+    Example:
+        >>> q = torch.randn(1, 2, 4, 8)
+        >>> decision = explain_attention(q, q, q, causal=True)
+        >>> decision.impl, decision.reason
+        ('sdpa', 'SDPA is_causal=True (causal, Tq == Tk: no mask needed)')
+        >>> ", ".join(r.impl for r in decision.rejected)
+        'fa3, fa4, fa2, flex, math'
+    """
+    del scale  # does not influence the choice
+    qb, kb, vb = to_bhtd(q, layout), to_bhtd(k, layout), to_bhtd(v, layout)
+    return decide(signature_of(qb, kb, vb, causal=causal, window=window))

@@ -5,7 +5,7 @@ window, scale, layout). With ``DISTCOMPAT_ATTENTION`` and the kernel-override to
 call's :class:`~distcompat.attention._adapters.Plan` in a plain dict, so a warm eager call costs
 one lookup before the kernel::
 
-    out = dispatch(q, k, v, causal=True, window=None, scale=None, layout="bthd")
+    out = attend(q, k, v, causal=True, layout="bthd")
 
 On a miss, the one checking function (``signature_from``) validates the key and the decision
 is made; a key that failed raises again on every call, never cached. Inside ``torch.compile``
@@ -31,7 +31,7 @@ from distcompat.attention._contract import Layout, Window, bhtd_shape
 from distcompat.attention._dispatch import decide, read_override, signature_from
 from distcompat.attention._kernels import state_token
 
-__all__ = ["call_key", "clear_plans", "dispatch", "plan_of"]
+__all__ = ["attend", "call_key", "clear_plans", "plan_of"]
 
 # Feature test: torch.compiler.is_compiling is missing from older torch builds.
 _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lambda: False)
@@ -86,14 +86,17 @@ def _eager_call(plan: Plan) -> Call:
     # becomes SDPA with bound arguments (and the layout's transposes), anything else run_plan.
     if plan.impl != "sdpa" or plan.start or plan.repeat != 1 or plan.dead is not None:
         return functools.partial(run_plan, plan)
-    gqa: dict[str, Any] = {"enable_gqa": True} if plan.gqa else {}
-    kernel: Call = functools.partial(
-        F.scaled_dot_product_attention,
-        attn_mask=plan.mask,
-        is_causal=plan.causal,
-        scale=plan.scale,
-        **gqa,
-    )
+    # Only the arguments that differ from SDPA's defaults: each keyword costs a parse per call.
+    bound: dict[str, Any] = {
+        "attn_mask": plan.mask,
+        "is_causal": plan.causal,
+        "scale": plan.scale,
+        "enable_gqa": plan.gqa,  # older torch has no such argument: passed only when True
+    }
+    kwargs = {
+        name: value for name, value in bound.items() if value is not None and value is not False
+    }
+    kernel: Call = functools.partial(F.scaled_dot_product_attention, **kwargs)
     if not plan.bthd:
         return kernel
 
@@ -188,22 +191,36 @@ def plan_of(
     return _entry(key)[0]
 
 
-def dispatch(
+def attend(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    causal: bool,
-    window: Window | None,
-    scale: float | None,
-    layout: Layout,
+    causal: bool = False,
+    window: Window | None = None,
+    scale: float | None = None,
+    layout: Layout = "bhtd",
 ) -> torch.Tensor:
-    """Run the call's plan on q, k, v in ``layout`` (see :func:`distcompat.attention.attend`).
+    """Scaled dot-product attention, returned in the input layout and dtype.
+
+    Args:
+        q: queries, (B, Hq, Tq, D) for ``layout="bhtd"`` or (B, Tq, Hq, D) for ``"bthd"``.
+        k: keys, with Hkv heads (Hq a multiple of Hkv: GQA/MQA) and Tk positions.
+        v: values, shaped like ``k`` except possibly the head dim.
+        causal: mask future keys, aligned bottom-right when Tq != Tk (as in FlashAttention).
+        window: ``(left, right)`` keys visible around each query, inclusive, ``-1`` unbounded.
+        scale: softmax scale; ``None`` means ``1 / sqrt(D)``.
+        layout: ``"bhtd"`` (SDPA's) or ``"bthd"`` (FlashAttention's).
+
+    The choice is looked up by the call's shapes, dtypes, devices, grad and arguments (a dict
+    lookup once warm); inside ``torch.compile`` it is a constant and the graph holds only the
+    chosen kernel's call.
 
     Example:
-        >>> q = torch.randn(1, 2, 4, 8)
-        >>> dispatch(q, q, q, causal=True, window=None, scale=None, layout="bhtd").shape
-        torch.Size([1, 2, 4, 8])
+        >>> q = k = v = torch.randn(1, 2, 4, 8)
+        >>> ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        >>> torch.allclose(attend(q, k, v, causal=True), ref)
+        True
     """
     key = call_key(q, k, v, causal, window, scale, layout, False)
     if _is_compiling():
