@@ -39,7 +39,12 @@ import torch.distributed as dist
 
 from distcompat.collectives import _agree
 from distcompat.collectives import _wait as waits
-from distcompat.collectives._errors import CollectiveMismatchError, PeerLostError, translate
+from distcompat.collectives._errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    PeerLostError,
+    translate,
+)
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._errors import HangError
@@ -224,8 +229,31 @@ class Watchdog:
             self._recorder.abandon(key)
             if not isinstance(exc, HangError):
                 self._peer_failed(exc, op, group)  # a peer died, or the group timeout
+                if self._reported is raw:  # the backend timed out what this watchdog reported
+                    self._name_the_late(exc, op, group)
             raise
         self._recorder.finished(key)
+
+    def _name_the_late(self, exc: RuntimeError, op: str, group: Any) -> None:
+        """Raise the group timeout of a reported call naming the ranks the report blamed.
+
+        gloo's timeout names no rank, and past two ranks ``collectives`` can name only a
+        stopped one; the report of this very call knows who was late, and what it was doing.
+        """
+        typed = translate(exc, op, group)
+        report = self.last_report
+        if not isinstance(typed, CollectiveTimeoutError) or typed.peers or report is None:
+            return
+        late = tuple(r for r in report.verdict.blamed if r != self._desk.rank)
+        if not late:
+            return
+        ranks = ", ".join(map(str, late))
+        raise CollectiveTimeoutError(
+            f"{typed} Late: rank{'s' if len(late) > 1 else ''} {ranks}.\n{self.explain(late)}",
+            op=op,
+            peer=late[0] if len(late) == 1 else None,
+            peers=late,
+        ) from exc
 
     # --- the wait primitive's observer (collectives._wait.until calls these) ---------------
 
