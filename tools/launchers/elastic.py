@@ -12,6 +12,9 @@
 * ``openmpi-rerun`` and ``slurm-rerun``: the same script under ``mpirun -np 2`` or ``srun -n 2``
   (in the session's Slurm cluster); the kill ends the job (neither restarts it), and running
   the same command again must resume it, with the same checks.
+* ``torchrun-2node-shrink``: torchrun ``--nnodes=1:2`` on the two namespace nodes, one rank
+  each; rank 1 kills its agent and itself (node 1 is lost); node 0's agent restarts alone, and
+  the run must finish on 1 rank, resumed from the newest checkpoint, each sample seen once.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import procs
-from cases import HERE, Context, Need
+from cases import HERE, RDZV_PORT, Context, Need, node_env
+from netns import ADDRESSES
 from verdict import Verdict
 
 ELASTIC_TRAIN = HERE / "elastic_train.py"
@@ -45,10 +49,10 @@ class Restart:
     binaries: tuple[str, ...] = ()
 
 
-def _script(out: Path, kill: str, run: str) -> list[str]:
+def _script(out: Path, kill: str, run: str, *extra: str) -> list[str]:
     argv = [str(ELASTIC_TRAIN), "--out", str(out), "--tag", run]
     argv += ["--samples", str(SAMPLES), "--batch", str(BATCH), "--every", str(EVERY)]
-    return argv + (["--kill", kill] if kill else [])
+    return argv + (["--kill", kill] if kill else []) + list(extra)
 
 
 def _launch(
@@ -181,6 +185,72 @@ def _rerun(ctx: Context, head: list[str], launcher: str) -> Verdict:
     return _judge(plain_out, killed_out, "rerun", how, seconds, plain_s)
 
 
+def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
+    """torchrun on namespace node ``node``: ``--nnodes=1:2``, 1 rank, c10d hosted on node 0."""
+    assert ctx.nodes is not None, "a two-node case runs inside the namespaces run.py created"
+    torchrun = [
+        str(ctx.bin / "torchrun"),
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--max-restarts=1",
+        "--monitor-interval=0.1",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={ADDRESSES[0]}:{RDZV_PORT}",
+        f"--rdzv-id={run_id}",
+        f"--rdzv-conf=is_host={1 if node == 0 else 0},last_call_timeout=5",
+        f"--local-addr={ADDRESSES[node]}",
+    ]
+    script = _script(out, f"{KILL_RANK}@{KILL_STEP}", "attempt", "--kill-node")
+    return procs.start(
+        ctx.nodes.exec_in(node, [*torchrun, *script]),
+        env=node_env(ctx, node),
+        log=ctx.work / f"node{node}.log",
+        cwd=ctx.work,
+    )
+
+
+def torchrun_2node_shrink(ctx: Context) -> Verdict:
+    """Node 1 is lost mid-run (agent and rank killed); node 0 goes on alone, each sample once."""
+    started = time.monotonic()
+    out = ctx.work / "shrink"
+    out.mkdir(parents=True)
+    run_id = f"shrink{time.monotonic_ns() % 10**9}"
+    jobs = [_elastic_node(ctx, node, out, run_id) for node in (0, 1)]
+    node0, node1 = procs.wait_all(jobs, ctx.timeout)
+    seconds = time.monotonic() - started
+    result = _result(out)
+    problems = []
+    if node0.returncode != 0:
+        problems.append(f"node 0: exit {node0.returncode}: {node0.tail()}")
+    if node1.returncode in (0, None):
+        problems.append(f"node 1 was not killed (exit {node1.returncode}): {node1.tail()}")
+    if result is None:
+        problems.append("no result.json")
+    else:
+        expected_resume = (KILL_STEP - 1) // EVERY * EVERY
+        if (result["world_size"], result["attempt"]) != (1, 1):
+            problems.append(
+                f"finished with world size {result['world_size']} on attempt {result['attempt']}, "
+                "not 1 rank after one restart"
+            )
+        if result["resumed_step"] != expected_resume:
+            problems.append(f"resumed after step {result['resumed_step']}, not {expected_resume}")
+        if result["seen"] != [1] * SAMPLES:
+            wrong = [i for i, c in enumerate(result["seen"]) if c != 1]
+            problems.append(f"samples not seen exactly once: {wrong[:8]}")
+    if problems:
+        return Verdict(ok=False, line=f"FAIL {'; '.join(problems)} ({seconds:.1f} s)")
+    assert result is not None
+    return Verdict(
+        ok=True,
+        line=(
+            f"pass (2 ranks then 1, {seconds:.1f} s; node 1 lost at step {KILL_STEP}, node 0 "
+            f"went on alone from step {result['resumed_step']}, steps to {result['last_step']} "
+            f"on 1 rank, each of {SAMPLES} samples seen once)"
+        ),
+    )
+
+
 RESTARTS = (
     Restart(name="torchrun-elastic", timeout=240, run=torchrun_elastic),
     Restart(
@@ -190,4 +260,5 @@ RESTARTS = (
         binaries=("mpirun.openmpi",),
     ),
     Restart(name="slurm-rerun", timeout=240, run=slurm_rerun, needs="slurm"),
+    Restart(name="torchrun-2node-shrink", timeout=240, run=torchrun_2node_shrink, needs="netns"),
 )

@@ -14,6 +14,8 @@ Rank 0 appends ``{"run", "step", "loss"}`` to ``DIR/losses.jsonl`` after every s
 is ``--tag``, plus ``-<attempt>`` under torchrun. ``--kill R@S``: rank R SIGKILLs itself before
 step S on the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so torchrun's agent must
 restart the group, or under another launcher the job ends and is run again without ``--kill``.
+``--kill-node``: the rank kills its torchrun agent too, as when its node is lost; an elastic
+torchrun (``--nnodes=1:2``) then continues on the nodes left, with a smaller world.
 """
 
 from __future__ import annotations
@@ -68,6 +70,9 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=3, help="steps between checkpoints")
     parser.add_argument("--kill", default="", help="RANK@STEP, first attempt only")
     parser.add_argument(
+        "--kill-node", action="store_true", help="the killed rank SIGKILLs its torchrun agent too"
+    )
+    parser.add_argument(
         "--tag", default="run", help="tag of this run's lines (under torchrun: + -<attempt>)"
     )
     args = parser.parse_args()
@@ -89,6 +94,8 @@ def main() -> int:
             break  # the epoch is over (mode "drop": the same on every rank)
         step += 1
         if kill == (info.rank, step):
+            if args.kill_node:  # the agent first: the whole node is gone, nothing restarts here
+                os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         inputs, targets = batch(mine)
         loss = ((inputs @ model.weight - targets) ** 2).mean()

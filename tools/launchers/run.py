@@ -108,6 +108,7 @@ ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs == "slurm"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
+    *(_restart_item(r) for r in RESTARTS if r.needs == "netns"),
     *(Item(kind="fault", name=f.name, needs="netns", timeout=0, run=f.run) for f in FAULTS),
 )
 
