@@ -93,7 +93,7 @@ def outcomes(
 ) -> Iterator[dict[Case, list[Ended]]]:
     """Run every selected case, four at a time; map each case to how its ranks ended."""
     tmp = tmp_path_factory.mktemp("matrix")
-    selected = [
+    selected: list[Case] = [
         item.callspec.params["case"]
         for item in request.session.items
         if isinstance(item, pytest.Function) and item.originalname == "test_defaults_matrix"
@@ -131,7 +131,9 @@ def _report_after(ended: Ended, since: float, until: float | None = None) -> tup
 
 def _names(text: str, culprit: int, *, frame: bool = True) -> bool:
     named = re.search(rf"rank {culprit}\b", text) is not None
-    return named and (not frame or re.search(r"_matrix_script.py:\d+ in read_shard", text))
+    return named and (
+        not frame or re.search(r"_matrix_script.py:\d+ in read_shard", text) is not None
+    )
 
 
 def _detail(ranks: list[Ended]) -> str:
