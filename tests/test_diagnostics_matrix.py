@@ -93,10 +93,12 @@ def outcomes(
 ) -> Iterator[dict[Case, list[Ended]]]:
     """Run every selected case, four at a time; map each case to how its ranks ended."""
     tmp = tmp_path_factory.mktemp("matrix")
-    selected: list[Case] = [
-        item.callspec.params["case"]
+    selected = [
+        case
         for item in request.session.items
-        if isinstance(item, pytest.Function) and item.originalname == "test_defaults_matrix"
+        if isinstance(item, pytest.Function)
+        and item.originalname == "test_defaults_matrix"
+        and isinstance(case := item.callspec.params["case"], Case)
     ]
     with ThreadPoolExecutor(max_workers=4) as pool:
         futures = {case: pool.submit(_run, case, tmp) for case in selected}
