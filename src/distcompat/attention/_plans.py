@@ -72,7 +72,7 @@ def call_key(
         q.device,
         k.device,
         v.device,
-        torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad),
+        (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled(),
         causal,
         window,
         scale,
