@@ -39,8 +39,9 @@ _is_compiling: Callable[[], bool] = getattr(torch.compiler, "is_compiling", lamb
 Key = tuple[Hashable, ...]
 Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-#: Plans kept at most; when full, the cache starts over (a plan holds at most one mask).
-MAX_PLANS = 256
+#: Plans kept at most; when full, the cache starts over. A plan may hold a (Tq, Tk) bool mask
+#: (4 MiB at 2048 x 2048) that outlives ``visible_mask``'s own cache of 32: keep this modest.
+MAX_PLANS = 64
 
 _plans: dict[tuple[Key, str, int], tuple[Plan, Call]] = {}
 
