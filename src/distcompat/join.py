@@ -38,6 +38,7 @@ from torch.distributed.algorithms.join import Join, Joinable, JoinHook
 
 from distcompat.collectives import all_reduce, broadcast, broadcast_object_list
 from distcompat.collectives._group import backend_for, global_rank, group_size
+from distcompat.collectives._wait import Wait, until, work_ready
 
 __all__ = ["all_have_data", "join_uneven"]
 
@@ -181,7 +182,8 @@ class _StepShadow(Joinable):
         work = Join.notify_join_context(self)
         if work is None or not self.rescale:
             return  # leave the tiny all-reduce in flight; Join's loop consumes it on joined ranks
-        work.wait()
+        wait = Wait(op="join notify", phase="backend wait", group=self.group)
+        until(work_ready(work), wait)  # watched and named like every wait on peers
         active = int(work.result()[0].item())
         scale = dist.get_world_size(self.group) / active
         for p in self._params():

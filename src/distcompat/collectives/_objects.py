@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, global_rank, group_size, is_root, rank_in
+from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
 
 __all__ = ["all_gather_object", "broadcast_object_list", "gather_object", "scatter_object_list"]
@@ -45,17 +46,23 @@ def _decode(payload: torch.Tensor, size: int) -> Any:
     return pickle.loads(ctypes.string_at(host.data_ptr(), size))  # no NumPy needed
 
 
-def _gather_payloads(obj: Any, group: Any) -> list[Any]:
+def _wait_on(op: str, group: Any, call: Any) -> None:
+    """Run one step of an object collective as every collective waits (``issue``): watched."""
+    issue(op, call, group, None, None, False)
+
+
+def _gather_payloads(obj: Any, group: Any, op: str) -> list[Any]:
     world = group_size(group)
     device = _device(group)
     mine = _encode(obj, device)
     sizes = torch.empty(world, dtype=torch.int64, device=device)
-    all_gather_flat(sizes, torch.tensor([mine.numel()], device=device), group=group)
+    size = torch.tensor([mine.numel()], device=device)
+    _wait_on(op, group, lambda a: all_gather_flat(sizes, size, group=group, async_op=a))
     longest = int(sizes.max())
     padded = torch.zeros(longest, dtype=torch.uint8, device=device)
     padded[: mine.numel()] = mine
     everything = torch.empty(world * longest, dtype=torch.uint8, device=device)
-    all_gather_flat(everything, padded, group=group)
+    _wait_on(op, group, lambda a: all_gather_flat(everything, padded, group=group, async_op=a))
     rows = everything.view(world, longest)
     return [_decode(rows[r], int(sizes[r])) for r in range(world)]
 
@@ -81,7 +88,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[0] = obj
         return
     verify("all_gather_object", None, group)
-    object_list[:] = _gather_payloads(obj, group)
+    object_list[:] = _gather_payloads(obj, group, "all_gather_object")
 
 
 def broadcast_object_list(
@@ -107,11 +114,12 @@ def broadcast_object_list(
     is_root = dist.get_rank() == root
     payload = _encode(list(object_list), where) if is_root else None
     size = torch.tensor([payload.numel() if payload is not None else 0], device=where)
-    dist.broadcast(size, src=root, group=group)
+    op = "broadcast_object_list"
+    _wait_on(op, group, lambda a: dist.broadcast(size, root, group, async_op=a))
     buffer = (
         payload if payload is not None else torch.empty(int(size), dtype=torch.uint8, device=where)
     )
-    dist.broadcast(buffer, src=root, group=group)
+    _wait_on(op, group, lambda a: dist.broadcast(buffer, root, group, async_op=a))
     object_list[:] = _decode(buffer, int(size))
 
 
@@ -135,7 +143,7 @@ def gather_object(
             object_gather_list[0] = obj
         return
     verify("gather_object", None, group, root=dst if dst is not None else group_dst)
-    everything = _gather_payloads(obj, group)
+    everything = _gather_payloads(obj, group, "gather_object")
     if is_root(group, dst, group_dst):
         if object_gather_list is None:
             raise ValueError("the destination rank needs an object_gather_list")

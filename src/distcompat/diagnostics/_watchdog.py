@@ -174,9 +174,11 @@ class Watchdog:
         """
         key = id(work)
         raw = self._recorder.issued(key)
-        if work is None or raw is None:
-            if work is not None:
-                work.wait()
+        if work is None:
+            return
+        if raw is None:  # a later step of one call (an object collective's second message)
+            wait = waits.Wait(op=op, phase="backend wait", group=group)
+            waits.until(waits.work_ready(work), wait)
             return
         self._bounded(work, key, raw, time.monotonic(), op, group, answer_first=False)
 
