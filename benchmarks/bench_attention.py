@@ -6,8 +6,8 @@ Usage::
     .venv/bin/python benchmarks/bench_attention.py --seq 256 --rounds 5 --no-flex
     python benchmarks/bench_attention.py --device cuda --dtypes bfloat16   # on a GPU machine
 
-Cases: causal, sliding window (``--window``, default (255, 0)), GQA 4:1 causal, decode (Tq = 1
-against Tk keys). Each
+Cases: causal, sliding windows (``--windows``, default (255, 0); a list sweeps them, e.g. to find
+where flex overtakes SDPA), GQA 4:1 causal, decode (Tq = 1 against Tk keys). Each
 implementation is forced with DISTCOMPAT_ATTENTION; ``auto`` is the dispatched choice. Runs are
 interleaved (every implementation once per round, in a rotating order) so load drift hits all;
 the table shows the best round of each (least disturbed by other load). flex has no backward
@@ -32,10 +32,10 @@ from distcompat.attention._kernels import probe_kernel
 Case = tuple[str, int, int, int, bool, tuple[int, int] | None]  # name, Hkv, Tq, Tk, causal, window
 
 
-def cases(heads: int, seq: int, window: int) -> list[Case]:
+def cases(heads: int, seq: int, windows: list[int]) -> list[Case]:
     return [
         ("causal", heads, seq, seq, True, None),
-        (f"window {window}", heads, seq, seq, True, (window, 0)),
+        *((f"window {w}", heads, seq, seq, True, (w, 0)) for w in windows),
         ("GQA 4:1", heads // 4, seq, seq, True, None),
         ("decode", heads, 1, seq, True, None),
     ]
@@ -204,7 +204,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
-        "--window", type=int, default=255, help="left window of the window case (nanochat S: 512)"
+        "--windows",
+        default="255",
+        help="comma-separated left windows, one case each (nanochat's S layers at 2048: 512)",
     )
     parser.add_argument("--no-flex", action="store_true", help="skip flex (eager: slow on CPU)")
     parser.add_argument("--dispatch-calls", type=int, default=20000)
@@ -233,7 +235,7 @@ def main() -> None:
     dtypes = [getattr(torch, name) for name in args.dtypes.split(",")]
     for backward in (False, True):
         for dtype in dtypes:
-            for case in cases(args.heads, args.seq, args.window):
+            for case in cases(args.heads, args.seq, [int(w) for w in args.windows.split(",")]):
                 bench_case(case, dtype, args, backward)
     dispatch_overhead(args.dispatch_calls, device)
 

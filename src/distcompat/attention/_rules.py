@@ -172,8 +172,8 @@ def _fa_infeasible(name: str, sig: CallSignature, host: HostInfo | None) -> str 
 #: points measured on an H100 (torch 2.11, bf16, B4 H8 D64, benchmarks/README.md): 256 keys of
 #: 1024 were faster in SDPA with a mask (flex 0.91x forward, 0.69x with backward), 256 of 4096
 #: in flex (3.3x, 2.2x). The crossover between 1/4 and 1/16 is NOT measured (issue 29): set this
-#: from ``bench_attention.py --device cuda --seq 2048 --window 512`` (nanochat's S layers: 513 of
-#: 2048 keys, 1/4) and neighbouring windows on a GPU; 8 is the value in force until then.
+#: from ``bench_attention.py --device cuda --seq 2048 --windows 127,255,511,1023`` (nanochat's S
+#: layers: 513 of 2048 keys, about 1/4) on a GPU; 8 is the value in force until then.
 FLEX_MAX_WINDOW_SHARE = 8
 
 #: On CUDA, query lengths from 2 to this were not run through compiled flex: Tq 64 raised
