@@ -9,6 +9,8 @@
 #                                                     # nanochat step (limit 300 s, not yet run)
 #     bash tools/gpu_checks.sh tests caps             # only the named steps
 #     ATTENTION_ARGS="--seq 4096 --dtypes bfloat16" bash tools/gpu_checks.sh attention
+#     ATTENTION_LIMIT=400 ATTENTION_ARGS="--seq 2048 --windows 127,255,511,1023 --dtypes bfloat16 \
+#         --dispatch-calls 2000" bash tools/gpu_checks.sh attention   # issue 29: flex crossover
 #     bash tools/gpu_checks.sh env nanochat           # issue 29: distcompat vs direct SDPA training
 set -u
 OUT=${OUT:-gpu-out}
@@ -64,7 +66,7 @@ $PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|h
         ;;
     attention)
         # shellcheck disable=SC2086  # ATTENTION_ARGS is a list of flags
-        step attention 150 "$PY" benchmarks/bench_attention.py --device cuda \
+        step attention "${ATTENTION_LIMIT:-150}" "$PY" benchmarks/bench_attention.py --device cuda \
             ${ATTENTION_ARGS:---dtypes bfloat16 --rounds 5 --dispatch-calls 2000}
         cat "$OUT/attention.log"
         ;;
