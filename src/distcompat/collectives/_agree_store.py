@@ -127,6 +127,15 @@ class QuickStore:
         """Return whether every key exists (never waits for them to appear)."""
         return bool(self._request("check", keys))
 
+    def add(self, key: str, amount: int) -> int:
+        """Add ``amount`` to the counter ``key`` and return its new value."""
+        return int(self._request("add", key, amount))
+
+    def get(self, key: str) -> bytes:
+        """Return the value of ``key``, which must exist (a missing one waits for the store)."""
+        value: bytes = self._request("get", key)
+        return value
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Return the values of ``keys``, which must exist (a missing one waits for the store)."""
         values: list[bytes] = self._request("multi_get", keys)

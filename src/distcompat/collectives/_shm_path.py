@@ -32,6 +32,7 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
 from distcompat.collectives._peers import Identity
@@ -46,7 +47,7 @@ from distcompat.collectives._shm_segment import (
     platform_problem,
     sweep_leftovers,
 )
-from distcompat.collectives._wait import Wait, polled, until
+from distcompat.collectives._wait import Wait, polled, timeout_error, until
 from distcompat.launch._settings import ShmChoice, choose_shm
 
 __all__ = [
@@ -304,34 +305,64 @@ def _set_up(key: Any, op: str) -> Engine | ShmStatus:
     return outcome
 
 
-def _wait_for(store: Any, keys: list[str], key: Any, op: str, started: float, limit: float) -> None:
-    """Wait until every one of ``keys`` is in ``store``; the group's timeout ends the wait."""
+class _SetUp:
+    """One set-up's talk with the other ranks: every store request and wait bounded.
 
-    def missing() -> tuple[int, ...]:
-        return tuple(global_rank(key, r) for r, k in enumerate(keys) if not store.check([k]))
+    Requests go through a :class:`QuickStore` (none waits on an unreachable store past its
+    short timeout) and are asked again until the group's timeout; waits for the other ranks'
+    keys are ``_wait.until``'s ("in the shared-memory set-up"), which name who never posted.
+    """
 
-    wait = Wait(
-        op=op,
-        phase="shared-memory set-up",
-        group=key,
-        started=started,
-        deadline=started + limit,
-        awaited=missing,
-    )
-    until(polled(lambda: bool(store.check(keys))), wait)
+    def __init__(self, key: Any, store: Any, op: str) -> None:
+        self.key, self.op, self.store = key, op, QuickStore(store)
+        self.started, self.limit = time.monotonic(), group_timeout_s(key)
+
+    def ask(self, name: str, *args: Any) -> Any:
+        """Make one store request, asked again while the store does not answer."""
+        while True:
+            try:
+                return getattr(self.store, name)(*args)
+            except StoreUnreachable as exc:
+                if time.monotonic() > self.started + self.limit:
+                    wait = Wait(op=self.op, phase="shared-memory set-up", group=self.key)
+                    raise timeout_error(wait, self.limit) from exc
+
+    def wait_for(self, keys: list[str]) -> None:
+        """Wait until every one of ``keys`` is posted; the group's timeout ends the wait."""
+
+        def posted() -> bool:
+            try:
+                return self.store.check(keys)
+            except StoreUnreachable:
+                return False
+
+        def missing() -> tuple[int, ...]:
+            return tuple(
+                global_rank(self.key, r) for r, k in enumerate(keys) if not self.ask("check", [k])
+            )
+
+        wait = Wait(
+            op=self.op,
+            phase="shared-memory set-up",
+            group=self.key,
+            started=self.started,
+            deadline=self.started + self.limit,
+            awaited=missing,
+        )
+        until(polled(posted), wait)
 
 
 def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
     rank, world = dist.get_rank(key), dist.get_world_size(key)
-    started, limit = time.monotonic(), group_timeout_s(key)
-    generation = (int(store.add(f"{_KEY}/setups", 1)) - 1) // world  # this setup's number
+    talk = _SetUp(key, store, op)
+    generation = (talk.ask("add", f"{_KEY}/setups", 1) - 1) // world  # this setup's number
     base = f"{_KEY}/{generation}"
     me = Identity.here()
     hello = {"identity": me.to_json(), "problem": platform_problem()}
-    store.set(f"{base}/hello/{rank}", json.dumps(hello))
+    talk.ask("set", f"{base}/hello/{rank}", json.dumps(hello))
     keys = [f"{base}/hello/{r}" for r in range(world)]
-    _wait_for(store, keys, key, op, started, limit)
-    hellos = [json.loads(store.get(k)) for k in keys]
+    talk.wait_for(keys)
+    hellos = [json.loads(value) for value in talk.ask("multi_get", keys)]
     for r, other in enumerate(hellos):
         if other["problem"]:
             return ShmStatus(
@@ -351,13 +382,13 @@ def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
         sweep_leftovers()
         try:
             segment = Segment.create(world, Segment.fit(world, SLOT_BYTES))
-            store.set(f"{base}/name", f"{segment.slot_bytes} {segment.path}")
+            talk.ask("set", f"{base}/name", f"{segment.slot_bytes} {segment.path}")
         except SegmentError as exc:
             problem = f"failed on rank {global_rank(key, 0)}: {exc.strerror or exc}"
-            store.set(f"{base}/name", "!" + problem)
+            talk.ask("set", f"{base}/name", "!" + problem)
     else:
-        _wait_for(store, [f"{base}/name"], key, op, started, limit)
-        name = store.get(f"{base}/name").decode()
+        talk.wait_for([f"{base}/name"])
+        name = talk.ask("get", f"{base}/name").decode()
         if name.startswith("!"):
             problem = name[1:]
         else:
@@ -366,11 +397,11 @@ def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
                 segment = Segment.attach(path, world, int(slot_bytes))
             except SegmentError as exc:
                 problem = f"failed on rank {global_rank(key, rank)}: {exc.strerror or exc}"
-    store.set(f"{base}/mapped/{rank}", "!" + problem if problem else "ok")
+    talk.ask("set", f"{base}/mapped/{rank}", "!" + problem if problem else "ok")
     keys = [f"{base}/mapped/{r}" for r in range(world)]
     try:
-        _wait_for(store, keys, key, op, started, limit)
-        posts = [store.get(k).decode() for k in keys]
+        talk.wait_for(keys)
+        posts = [value.decode() for value in talk.ask("multi_get", keys)]
     finally:
         if rank == 0 and segment is not None:
             segment.unlink()  # every rank has it mapped (or gave up): nothing left in /dev/shm
@@ -380,5 +411,5 @@ def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
             segment.close()
         return ShmStatus(engaged=False, reason=failed[0] if failed else problem)
     peers = {r: (global_rank(key, r), identities[r]) for r in range(world) if r != rank}
-    barrier = Barrier(segment, rank, peers, limit)
+    barrier = Barrier(segment, rank, peers, talk.limit)
     return Engine(segment, barrier, rank=rank, world=world)
