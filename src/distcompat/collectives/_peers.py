@@ -31,11 +31,13 @@ import re
 import socket
 import struct
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
+from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._group import global_rank
 
 __all__ = ["Identity", "gone_peers", "lost_peers", "publish", "stopped_peers"]
@@ -140,23 +142,50 @@ def publish(rank: int | None = None) -> None:
         store.set(_KEY.format(rank), Identity.here().to_json())
 
 
+#: Each group's identities once every other member's was read: they never change, and a wait
+#: that looks for gone peers every slice must not ask a store that may not answer (a partition).
+_known: weakref.WeakKeyDictionary[Any, dict[int, Identity]] = weakref.WeakKeyDictionary()
+#: The default store, asked through a QuickStore (no request waits past its short timeout).
+_quick: tuple[Any, QuickStore] | None = None
+
+
+def _asked(store: Any) -> QuickStore:
+    global _quick
+    if _quick is None or _quick[0] is not store:
+        _quick = (store, QuickStore(store))
+    return _quick[1]
+
+
 def _identities(group: Any) -> dict[int, Identity]:
-    """Return the published identities of ``group``'s other members (global rank -> identity)."""
+    """Return the published identities of ``group``'s other members (global rank -> identity).
+
+    Read once per group when every member has published; until then each request is bounded
+    (``QuickStore``), and what could be read is returned.
+    """
+    key = group if group is not None else dist.group.WORLD
+    known = _known.get(key)
+    if known is not None:
+        return known
     store = _store()
     if store is None:
         return {}
+    quick = _asked(store)
     me = dist.get_rank()
     found: dict[int, Identity] = {}
+    others = 0
     for group_rank in range(dist.get_world_size(group)):
         rank = global_rank(group, group_rank)
-        key = _KEY.format(rank)
+        name = _KEY.format(rank)
         if rank == me:
             continue
+        others += 1
         try:
-            if store.check([key]):  # never blocks: a rank that did not publish is skipped
-                found[rank] = Identity.from_json(store.get(key))
-        except (RuntimeError, ValueError, KeyError):
-            return found  # the store itself is gone (its host died): name what is known
+            if quick.check([name]):  # never blocks: a rank that did not publish is skipped
+                found[rank] = Identity.from_json(quick.get(name))
+        except (StoreUnreachable, ValueError, KeyError):
+            return found  # the store does not answer (its host died, or a partition)
+    if len(found) == others:
+        _known[key] = found
     return found
 
 
