@@ -343,7 +343,7 @@ def _auto() -> tuple[bool, bool, bool, str, str]:
     from distcompat.collectives import all_reduce, broadcast, explain_collective
 
     configure(mode="auto")
-    tiny, big = torch.ones(1), torch.ones(1 << 18)  # 4 bytes; 1 MiB
+    tiny, big = torch.ones(1), torch.ones(1 << 22)  # 4 bytes; 16 MiB
     before = calls_on_path()
     broadcast(tiny, src=0)
     tiny_took = calls_on_path() != before
@@ -361,11 +361,11 @@ def _auto() -> tuple[bool, bool, bool, str, str]:
 
 
 def test_auto_keeps_tiny_broadcasts_of_more_than_two_ranks_on_gloo_and_says_why() -> None:
-    """Under ``auto``: a 4-byte broadcast of 3 ranks stays on gloo (``MIN_BYTES``), a 1 MiB
+    """Under ``auto``: a 4-byte broadcast of 3 ranks stays on gloo (``MIN_BYTES``), a 16 MiB
     one takes the path, and so does a 4-byte all_reduce (no floor)."""
     tiny_took, big_took, tiny_reduce_took, tiny_plan, big_plan = run_on_ranks(_auto, 3)[0]
     assert (tiny_took, big_took, tiny_reduce_took) == (False, True, True)
-    assert "gloo: 4 bytes is below the 1048576 bytes" in tiny_plan
+    assert "gloo: 4 bytes is below the 16777216 bytes" in tiny_plan
     assert "path: shared memory: all 3 ranks on this machine" in big_plan
 
 
