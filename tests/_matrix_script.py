@@ -11,6 +11,8 @@ timeout of ``MATRIX_TIMEOUT`` seconds; the last rank is the culprit. Scenarios:
   itself before the next.
 * ``mismatch-first`` / ``mismatch-later``: the culprit calls ``broadcast`` where the others call
   ``all_reduce``, at the first call or after one call together.
+* ``raising-first``: the first call is made inside ``distcompat.watchdog(timeout=3)``; the
+  culprit never reaches it.
 
 Each rank prints ``CALL <label> <time>`` right before the call the scenario is about,
 ``RESULT <label> <value>`` when it returns, and ``FAILED_AT <time> <error type> <message's first
@@ -59,6 +61,11 @@ def run(scenario: str, rank: int, culprit: int) -> None:
         if rank == culprit:
             read_shard(late)
         _call("repeat", torch.ones(6))  # the same signature again
+    elif scenario == "raising-first":
+        if rank == culprit:
+            read_shard(STUCK_S)
+        with distcompat.watchdog(timeout=3):
+            _call("first", torch.ones(4))
     elif scenario == "never":
         if rank == culprit:
             read_shard(STUCK_S)
@@ -86,7 +93,8 @@ def main() -> None:
         run(sys.argv[1], info.rank, info.world_size - 1)
     except Exception as exc:
         first = str(exc).splitlines()[0] if str(exc) else ""
-        print("FAILED_AT", time.time(), type(exc).__name__, first, flush=True)
+        peer = getattr(exc, "peer", None)
+        print("FAILED_AT", time.time(), type(exc).__name__, f"peer={peer}", first, flush=True)
         raise
     distcompat.destroy_distributed()
 

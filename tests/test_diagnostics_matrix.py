@@ -194,3 +194,21 @@ def test_defaults_matrix(case: Case, outcomes: dict[Case, list[Ended]]) -> None:
         delay, text = _report_after(waiter, _calls(waiter)[label])
         assert delay < THRESHOLD_S + REPORT_SLACK_S, (delay, detail)
         assert _names(text, culprit, frame=case.scenario == "never"), text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shm", ["auto", "off"])
+def test_a_raising_watchdog_around_the_first_call_names_the_absent_rank(
+    shm: str, tmp_path: Path
+) -> None:
+    """``with distcompat.watchdog(timeout=3)`` around a first call whose peer never comes."""
+    env = {"DISTCOMPAT_SHM": shm, "TMPDIR": str(tmp_path), "MATRIX_TIMEOUT": "30"}
+    ranks = run_ranks(SCRIPT, 2, env=env, args=["raising-first"], timeout=60, stop_after=0)
+    waiter = ranks[0]
+    failed = _failure(waiter)
+    assert failed is not None, _detail(ranks)
+    at, kind, message = failed
+    assert kind == "HangError", _detail(ranks)
+    assert message.startswith("peer=1 "), message
+    assert at - _calls(waiter)["first"] < 10.0, _detail(ranks)
+    assert "rank 1 is behind on group" in waiter.stderr
