@@ -117,7 +117,7 @@ def _failure(ended: Ended) -> tuple[float, str, str] | None:
 def _reports(ended: Ended) -> list[tuple[float, str]]:
     """The hang reports this rank logged: (time, text), in order."""
     heads = list(re.finditer(r"^([0-9.]+) distcompat.diagnostics \[rank \d+\]", ended.stderr, re.M))
-    ends = [h.start() for h in heads[1:]] + [len(ended.stderr)]
+    ends = [h.start() for h in heads[1:]] + ([len(ended.stderr)] if heads else [])
     return [
         (float(h[1]), ended.stderr[h.start() : end]) for h, end in zip(heads, ends, strict=True)
     ]
