@@ -91,7 +91,7 @@ def _steps_ab(out: str, pairs: int) -> dict[str, Any]:
     torch.set_num_threads(1)  # as the demo: one thread per rank
     config = DemoConfig(out=Path(out), steps=2 * pairs + _WARMUP_STEPS, batch_size=32, seq_len=256)
     info = distcompat.init_distributed(device="cpu")
-    corpus = _train._prepare_corpus(config)
+    corpus = _train._prepare_corpus(config, first_attempt=True)
     trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
     thread = next(t for t in threading.enumerate() if t.name == "distcompat-watchdog")
     assert thread.ident is not None

@@ -71,7 +71,7 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
             os.sched_setaffinity(int(thread), {cpus[int(os.environ["RANK"]) % len(cpus)]})
     config = DemoConfig(out=Path(out), steps=steps, batch_size=32, seq_len=256)
     info = distcompat.init_distributed(device="cpu")
-    corpus = _train._prepare_corpus(config)
+    corpus = _train._prepare_corpus(config, first_attempt=True)
     trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
     batches = _train._endless(trainer.loader)
     local = None
