@@ -182,7 +182,7 @@ def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
     if work is None or not _agree.listening:
         raise_typed(exc, op, group)
     try:
-        _agree.wait_answering(work, group)  # re-raises at once if the op failed
+        _agree.wait_answering(work, group, op)  # re-raises at once if the op failed
     except RuntimeError as failed:
         raise_typed(failed, op, group)
 

@@ -38,7 +38,7 @@ def issue(
         if not async_op:
             if watcher is None:
                 if _agree.listening:  # bounded slices: a peer may ask what this rank is doing
-                    _agree.wait_answering(call(True), group)
+                    _agree.wait_answering(call(True), group, op)
                 else:
                     call(False)
             else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
