@@ -327,6 +327,7 @@ class _SetUp:
                 if time.monotonic() > self.started + self.limit:
                     wait = Wait(op=self.op, phase="shared-memory set-up", group=self.key)
                     raise timeout_error(wait, self.limit) from exc
+                time.sleep(0.1)
 
     def wait_for(self, keys: list[str]) -> None:
         """Wait until every one of ``keys`` is posted; the group's timeout ends the wait."""
@@ -337,10 +338,12 @@ class _SetUp:
             except StoreUnreachable:
                 return False
 
-        def missing() -> tuple[int, ...]:
-            return tuple(
-                global_rank(self.key, r) for r, k in enumerate(keys) if not self.ask("check", [k])
-            )
+        def missing() -> tuple[int, ...] | None:
+            try:
+                absent = [r for r, k in enumerate(keys) if not self.store.check([k])]
+            except StoreUnreachable:
+                return None  # no one to name: the store did not answer
+            return tuple(global_rank(self.key, r) for r in absent)
 
         wait = Wait(
             op=self.op,
