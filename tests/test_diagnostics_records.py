@@ -81,6 +81,20 @@ def test_current_is_the_pending_record_else_the_newest() -> None:
     assert recorder.current() is noted
 
 
+def test_in_call_is_only_the_call_this_thread_is_making() -> None:
+    """A wait before a fast path records its call (a set-up) must not age an earlier call."""
+    recorder = Recorder()
+    t = torch.ones(1)
+    recorder.begin("broadcast", t, G, None, 0)
+    assert recorder.in_call() is recorder.current()  # the general path: recorded at entry
+    recorder.issued(1)
+    recorder.finished(1)
+    assert recorder.in_call() is None  # issued and done: no call in progress
+    assert recorder.current() is not None  # though the newest record is still that one
+    recorder.note("all_reduce", t.shape, t.dtype, G, "SUM", None)
+    assert recorder.in_call() is None  # a fast-path record is never this thread's pending one
+
+
 def test_records_are_numbered_per_group_in_call_order() -> None:
     class _Other:
         group_name = "7"

@@ -278,6 +278,17 @@ class Recorder:
         newest = self.history[-1] if self.history else None
         return pending if pending is not None and pending is newest else newest
 
+    def in_call(self) -> Raw | None:
+        """Return the record of the call this thread is making, if it made one (else None).
+
+        Unlike :meth:`current`, never an earlier call's: the fast paths record a call only
+        after issuing it, so a wait of theirs before that (a set-up) has no record yet.
+        """
+        self.drain()
+        pending: Raw | None = getattr(self._local, "pending", None)
+        newest = self.history[-1] if self.history else None
+        return pending if pending is not None and pending is newest else None
+
     def finished(self, key: int) -> None:
         """Mark the op issued under ``key`` as completed (or failed): no longer in flight."""
         self.open.pop(key, None)

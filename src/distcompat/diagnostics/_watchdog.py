@@ -180,7 +180,7 @@ class Watchdog:
             wait = waits.Wait(op=op, phase="backend wait", group=group)
             waits.until(waits.work_ready(work), wait)
             return
-        self._bounded(work, key, raw, time.monotonic(), op, group, answer_first=False)
+        self._bounded(work, key, raw, op, group, answer_first=False)
 
     def wait_late(self, work: Any, raw: Raw, op: str, group: Any) -> None:
         """Go on waiting for a fast-path call whose first wait (:attr:`first_wait`) raised.
@@ -198,10 +198,10 @@ class Watchdog:
                 raise
             return
         raw = self._recorder.late(key, raw)
-        self._bounded(work, key, raw, raw[8], op, group, answer_first=True)
+        self._bounded(work, key, raw, op, group, answer_first=True)
 
     def _bounded(
-        self, work: Any, key: int, raw: Raw, started: float, op: str, group: Any, answer_first: bool
+        self, work: Any, key: int, raw: Raw, op: str, group: Any, answer_first: bool
     ) -> None:
         """Wait for ``work`` as :func:`~distcompat.collectives._wait.until` does every wait.
 
@@ -219,7 +219,7 @@ class Watchdog:
                     # timeout gives the typed error; a short outage passes unseen.
                     answering[0] = False
 
-        wait = waits.Wait(op=op, phase="backend wait", group=group, started=started, record=raw)
+        wait = waits.Wait(op=op, phase="backend wait", group=group, started=raw[8], record=raw)
         try:
             if answer_first:
                 between()
@@ -266,13 +266,17 @@ class Watchdog:
         phase it is in now. One report per call; a raising watchdog raises HangError here.
         """
         raw = wait.record
-        if raw is None:  # a wait before the backend call: the call's record is this thread's
-            raw = self._recorder.current()
-            if raw is None:
-                return
-            wait.record = self._recorder.late(id(wait), raw, started=raw[8])
+        if raw is None:  # a wait before the backend call: the call this thread is making
+            raw = self._recorder.in_call()
+            if raw is not None:
+                wait.started = min(wait.started, raw[8])  # the call began before this wait
+            else:  # no record yet (a fast path's set-up): the newest call, aged from this wait
+                raw = self._recorder.current()
+                if raw is None:
+                    return
+            wait.record = self._recorder.late(id(wait), raw, started=wait.started)
             self._opened.add(id(wait))
-        started = raw[8]
+        started = wait.started
         if time.monotonic() - started < self.config.timeout or self._reported is raw:
             return
         self._reported = raw
