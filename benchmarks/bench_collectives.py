@@ -39,7 +39,7 @@ import torch.distributed as tdist
 
 import distcompat.collectives as dc
 from distcompat.collectives import _direct
-from distcompat.collectives import _shm_path as shm
+from distcompat.collectives.shm import _path as shm
 from distcompat.testing import run_on_ranks
 
 SIZES = [4, 1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26]  # bytes

@@ -11,8 +11,8 @@ import os
 import torch
 
 import distcompat
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives import all_reduce
+from distcompat.collectives.shm import _path as shm
 
 if __name__ == "__main__":
     distcompat.init_distributed(device="cpu")

@@ -18,14 +18,14 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives import (
     all_gather_into_tensor,
     all_reduce,
     broadcast,
     reduce_scatter_tensor,
 )
-from distcompat.collectives._shm_engine import Engine
+from distcompat.collectives.shm import Engine
+from distcompat.collectives.shm import _path as shm
 
 R = tdist.ReduceOp
 #: Slot bytes in the tests: a few hundred elements per chunk, so sizes up to ~3000 pipeline.

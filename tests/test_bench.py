@@ -192,8 +192,8 @@ def _compare_on_rank() -> tuple[list[BenchRow], int, str]:
 
     import torch
 
-    from distcompat.collectives import _shm_path
-    from distcompat.collectives._shm_engine import Engine
+    from distcompat.collectives.shm import Engine
+    from distcompat.collectives.shm import _path as _shm_path
 
     os.environ.pop("DISTCOMPAT_SHM", None)  # the user's setting: auto
     _shm_path.reset()

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from _rank_processes import run_ranks
-from distcompat.collectives import _shm_path as shm
-from distcompat.collectives._shm_engine import Engine
-from distcompat.collectives._shm_segment import SHM_DIR, Segment, sweep_leftovers
+from distcompat.collectives.shm import Engine
+from distcompat.collectives.shm import _path as shm
+from distcompat.collectives.shm._segment import SHM_DIR, Segment, sweep_leftovers
 from distcompat.testing import RankFailedError, RankTimeoutError, run_on_ranks
 from shm_cases import (
     DTYPES,
@@ -97,7 +97,7 @@ def test_chunks_larger_than_one_serial_op_reduce_the_same(world_size: int, threa
 
 
 def test_one_thread_reduces_a_part_in_one_op() -> None:
-    from distcompat.collectives._shm_engine import _SERIAL, _grain
+    from distcompat.collectives.shm._folds import _SERIAL, _grain
 
     before = torch.get_num_threads()
     try:
@@ -240,7 +240,7 @@ def test_a_segment_left_by_a_killed_creator_is_swept() -> None:
     """A SIGKILL between create and unlink (the only window) leaves a name; setup sweeps it."""
     code = (
         "import os, signal\n"
-        "from distcompat.collectives._shm_segment import Segment\n"
+        "from distcompat.collectives.shm._segment import Segment\n"
         "s = Segment.create(2, 4096)\n"
         "print(s.path, flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -265,10 +265,11 @@ def _cannot_reserve() -> dict[str, Any]:
     import warnings
 
     import distcompat.distributed as dist
-    from distcompat.collectives import _shm_segment, all_reduce
+    from distcompat.collectives import all_reduce
+    from distcompat.collectives.shm import _segment
 
-    real = _shm_segment._free_bytes
-    _shm_segment._free_bytes = lambda: 4096  # what rank 0 reads when it sizes the segment
+    real = _segment._free_bytes
+    _segment._free_bytes = lambda: 4096  # what rank 0 reads when it sizes the segment
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -277,7 +278,7 @@ def _cannot_reserve() -> dict[str, Any]:
             all_reduce(t)
         status = shm.status(None)
     finally:
-        _shm_segment._free_bytes = real
+        _segment._free_bytes = real
     configure()  # back to the tests' slot size for later tests on these ranks
     return {
         "value": t.tolist(),
@@ -383,7 +384,9 @@ def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:
             me = Identity.here()
             return dataclasses.replace(me, host="node1", machine="another-boot/another-ns")
 
-    elsewhere = mock.patch.object(shm, "Identity", Elsewhere)
+    from distcompat.collectives.shm import _setup
+
+    elsewhere = mock.patch.object(_setup, "Identity", Elsewhere)
     with elsewhere if dist.get_rank() == 1 else contextlib.nullcontext():
         configure(slot_bytes=TEST_SLOT_BYTES * 4)  # a new setup, where the ranks post identities
         t = torch.ones(3)
@@ -503,7 +506,8 @@ def test_async_movement_ops_take_the_path_and_complete_their_futures() -> None:
 def _thread_counts() -> dict[str, list[int]]:
     """With two intra-op threads in the rank, the path's folds run on one (whole chunks, not
     pieces); the caller's count, and the one a future's callback sees, stay two."""
-    from distcompat.collectives import _shm_engine, all_reduce
+    from distcompat.collectives import all_reduce
+    from distcompat.collectives.shm import _folds
 
     configure(slot_bytes=1 << 20)
     seen: dict[str, list[int]] = {"fold": [], "callback": [], "caller": []}
@@ -515,7 +519,7 @@ def _thread_counts() -> dict[str, list[int]]:
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        with mock.patch.dict(_shm_engine.REDUCERS, {torch.distributed.ReduceOp.SUM: add}):
+        with mock.patch.dict(_folds.REDUCERS, {torch.distributed.ReduceOp.SUM: add}):
             for numel in (50_001, 300_001):  # in place, one barrier; chunked, two per chunk
                 all_reduce(torch.ones(numel))
                 seen["caller"].append(torch.get_num_threads())

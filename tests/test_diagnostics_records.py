@@ -120,7 +120,7 @@ def _fast_path_records() -> dict[str, Any]:
 
     import distcompat.collectives as dc
     from distcompat.collectives import _checked
-    from distcompat.collectives import _shm_path as shm
+    from distcompat.collectives.shm import _path as shm
 
     os.environ["DISTCOMPAT_SHM"] = "off"  # tiny gathers would take shared memory under auto
     shm.reset()

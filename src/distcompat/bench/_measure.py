@@ -29,7 +29,7 @@ import torch.distributed as dist
 from distcompat import collectives
 from distcompat._ranks import barrier, get_world_size
 from distcompat.bench._stats import OPS, BenchRow
-from distcompat.collectives import _shm_path as shm_path
+from distcompat.collectives.shm import _path as shm_path
 
 __all__ = ["PATHS", "BenchConfig", "measure"]
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from distcompat.collectives._shm_path import host_reason
+from distcompat.collectives.shm import host_reason
 from distcompat.launch import LaunchEnv, LaunchEnvError, launch_pitfalls
 from distcompat.launch._host import HostInfo, probe_host
 from distcompat.launch._placement import (

@@ -61,10 +61,10 @@ from distcompat.collectives._p2p import (
 )
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
-from distcompat.collectives._shm_path import SharedMemoryFallbackWarning, ShmStatus
-from distcompat.collectives._shm_path import status as shm_status
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork
+from distcompat.collectives.shm import SharedMemoryFallbackWarning, ShmStatus
+from distcompat.collectives.shm import status as shm_status
 
 all_gather_single = all_gather_into_tensor
 reduce_scatter_single = reduce_scatter_tensor

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._errors import CollectiveMismatchError, CollectiveTimeoutError
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._probed import probed_for
 from distcompat.collectives._reduce_ops import plan_fast
 from distcompat.collectives._wire import MOVE_NATIVE
+from distcompat.collectives.shm import _path as shm
 
 __all__ = ["ROWS_VARY", "late_error", "mismatch_error", "rebuild_call", "signature_text"]
 

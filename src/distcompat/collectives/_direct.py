@@ -19,7 +19,7 @@ of more than one rank that an earlier call already looked up; no checked mode, s
 or capability-probe results that would change the call. The options keep ``asyncOp`` at its
 default (True): the work is waited on here, as torch waits on it for a synchronous call.
 
-Where the group's ranks share a machine (``_shm_path``) and the tensor is at or above the
+Where the group's ranks share a machine (``shm``) and the tensor is at or above the
 path's floor, the same functions send the call through shared memory instead of the
 ProcessGroup, with the same checks and records: an async call becomes the engine's work, and a
 synchronous one runs in place (``Engine.all_reduce_now`` / ``Engine.run_now``), handing back a
@@ -59,12 +59,13 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 from torch.overrides import has_torch_function
 
-from distcompat.collectives import _agree, _checked, _probed, _shm_path
+from distcompat.collectives import _agree, _checked, _probed
 from distcompat.collectives._agree import HISTORY as _HISTORY
 from distcompat.collectives._errors import raise_typed
-from distcompat.collectives._shm_engine import Engine
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
+from distcompat.collectives.shm import Engine
+from distcompat.collectives.shm import _path as _shm_path
 
 __all__ = ["SKIP", "allgather", "allreduce", "alltoall", "broadcast", "reducescatter"]
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._reductions import plan_call
 from distcompat.collectives._wire import MOVE_NATIVE, upcast_dtype
+from distcompat.collectives.shm import _path as shm
 
 __all__ = ["CollectivePlan", "explain_collective"]
 

@@ -16,13 +16,13 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_rank_of, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
+from distcompat.collectives.shm import _path as shm
 
 __all__ = ["all_gather", "all_gather_into_tensor", "broadcast", "gather", "scatter"]
 

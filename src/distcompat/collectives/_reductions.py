@@ -19,7 +19,6 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives import _direct
-from distcompat.collectives import _shm_path as shm
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
@@ -34,6 +33,7 @@ from distcompat.collectives._reduce_ops import (
 )
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
+from distcompat.collectives.shm import _path as shm
 
 __all__ = ["all_reduce", "plan_call", "reduce"]
 

@@ -9,7 +9,7 @@ kernel frees the memory when the last rank exits, however it exits::
     segment.unlink()                                        # once every rank has it mapped
 
 Layout: one 64-byte line per rank in the first page (that rank's arrival word, see
-``_shm_barrier``: the number of the barrier it reached, which is the futex word, and in the
+``_barrier``: the number of the barrier it reached, which is the futex word, and in the
 upper half the signature of its call; then its *sleepers* word), then two buffers of ``world``
 slots of ``slot_bytes`` each (a pipeline alternates between them). Each word is written with one
 aligned 64-bit store after the data it announces; x86-64 keeps stores in order (total store
@@ -18,7 +18,7 @@ order), so the path is offered there only.
 A rank about to sleep on a peer's arrival word first sets that peer's sleepers word; an arriving
 rank makes the futex wake call (a syscall: about 4 us of a 30 us small all_reduce) only when
 its sleepers word is set, and clears it before waking. A sleeper sleeps at most one slice of
-``_shm_barrier`` before it looks again, so even a wake missed by the arriver's load of the
+``_barrier`` before it looks again, so even a wake missed by the arriver's load of the
 sleepers word passing its arrival store (the one reordering x86-64 allows, inside a window of
 nanoseconds) costs one slice, never a hang.
 """

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._peers import Identity, _dead, _stat
-from distcompat.collectives._shm_segment import NUMBER_MASK, Segment
+from distcompat.collectives.shm._segment import NUMBER_MASK, Segment
 
 __all__ = ["Barrier"]
 
