@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import torch
 
-from distcompat.collectives import _agree
+from distcompat.collectives.agree import _state as _agree
 
 
 def _state() -> Any:

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 import distcompat.distributed as dist
-from distcompat.collectives import _agree, _direct, unchecked
+from distcompat.collectives import _direct, unchecked
+from distcompat.collectives.agree import _state as _agree
 from distcompat.testing import run_on_ranks
 
 

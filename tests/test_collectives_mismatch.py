@@ -13,7 +13,7 @@ import torch
 
 import distcompat.distributed as dist
 from distcompat.collectives import CollectiveMismatchError, unchecked
-from distcompat.collectives._agree import ENV_VAR, _enabled_by_env
+from distcompat.collectives.agree._state import ENV_VAR, _enabled_by_env
 from distcompat.testing import run_on_ranks
 
 

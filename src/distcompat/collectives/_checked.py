@@ -34,10 +34,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _agree, _wait
-from distcompat.collectives._agree import unchecked
+from distcompat.collectives import _wait
 from distcompat.collectives._errors import CollectiveMismatchError
 from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives.agree import agree, unchecked
 
 __all__ = [
     "CollectiveMismatchError",
@@ -164,12 +164,12 @@ def verify(
     one (``_agree``: only calls whose signature is new on the group are compared).
     """
     if not _active:
-        _agree.agree(op, tensor, group, reduce_op, root)
+        agree(op, tensor, group, reduce_op, root)
         return
     if _pre_call is not None:
         _pre_call(op, tensor, group, reduce_op, root)
     if not _enabled:
-        _agree.agree(op, tensor, group, reduce_op, root)
+        agree(op, tensor, group, reduce_op, root)
         return
     world = dist.get_world_size(group)
     key = group if group is not None else dist.group.WORLD

@@ -59,11 +59,14 @@ import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 from torch.overrides import has_torch_function
 
-from distcompat.collectives import _agree, _checked, _probed
-from distcompat.collectives._agree import HISTORY as _HISTORY
+from distcompat.collectives import _checked, _probed
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, REDUCE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
+from distcompat.collectives.agree import _state as _agree
+from distcompat.collectives.agree import check as _agree_check
+from distcompat.collectives.agree import wait_answering as _wait_answering
+from distcompat.collectives.agree._state import HISTORY as _HISTORY
 from distcompat.collectives.shm import Engine
 from distcompat.collectives.shm import _path as _shm_path
 
@@ -183,7 +186,7 @@ def _recover(exc: RuntimeError, op: str, work: Any, group: Any) -> None:
     if work is None or not _agree.listening:
         raise_typed(exc, op, group)
     try:
-        _agree.wait_answering(work, group, op)  # re-raises at once if the op failed
+        _wait_answering(work, group, op)  # re-raises at once if the op failed
     except RuntimeError as failed:
         raise_typed(failed, op, group)
 
@@ -283,7 +286,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         if step not in state.agreed:  # a new step: checked first, and recorded first for reports
             if watcher is not None:
                 raw = watcher.note("all_reduce", shape, dtype, group, name, None)
-            _agree.check(state, (seq, step), sig, group)
+            _agree_check(state, (seq, step), sig, group)
     try:
         if engine is None:
             opts = _reduce_opts.get(id(op)) or _reduce_options(op)
@@ -356,7 +359,7 @@ def broadcast(
         if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note("broadcast", shape, dtype, group, None, origin)
-            _agree.check(state, counted, sig, group)
+            _agree_check(state, counted, sig, group)
     try:
         if engine is None:
             opts = _bcast_opts.get(root) or _broadcast_options(root)
@@ -443,7 +446,7 @@ def alltoall(
         if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
-            _agree.check(state, counted, sig, group)
+            _agree_check(state, counted, sig, group)
     exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
     try:
         work = exchange(pg, output, input, [], [], _a2a_opts or _all_to_all_options())
@@ -500,7 +503,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
                 raw = watcher.note(
                     "all_gather_into_tensor", input.shape, input.dtype, group, None, None
                 )
-            _agree.check(state, counted, sig, group)
+            _agree_check(state, counted, sig, group)
     try:
         if gather is not None:
             work = gather(output, input)  # default options: asyncOp True, as everywhere here
@@ -610,7 +613,7 @@ def reducescatter(
         if counted is not None:  # as in allreduce
             if watcher is not None:
                 raw = watcher.note("reduce_scatter_tensor", shape, dtype, group, name, None)
-            _agree.check(state, counted, sig, group)
+            _agree_check(state, counted, sig, group)
     if engine is not None:
         return _reduce_scatter_shm(engine, output, input, op, name, group, async_op, watcher, raw)
     key = (dtype, world, count)

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from distcompat.collectives import _agree, _checked
+from distcompat.collectives import _checked
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import Finish
 from distcompat.collectives._work import CompatWork
+from distcompat.collectives.agree import _state, wait_answering
 
 __all__ = ["issue"]
 
@@ -37,8 +38,8 @@ def issue(
     try:
         if not async_op:
             if watcher is None:
-                if _agree.listening:  # bounded slices: a peer may ask what this rank is doing
-                    _agree.wait_answering(call(True), group, op)
+                if _state.listening:  # bounded slices: a peer may ask what this rank is doing
+                    wait_answering(call(True), group, op)
                 else:
                     call(False)
             else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout

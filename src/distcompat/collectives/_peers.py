@@ -37,8 +37,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._group import global_rank
+from distcompat.collectives._store import QuickStore, StoreUnreachable
 
 __all__ = ["Identity", "gone_peers", "lost_peers", "publish", "stopped_peers"]
 

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _agree
 from distcompat.collectives import _wait as waits
 from distcompat.collectives._errors import (
     CollectiveMismatchError,
@@ -45,6 +44,8 @@ from distcompat.collectives._errors import (
     PeerLostError,
     translate,
 )
+from distcompat.collectives._store import StoreUnreachable
+from distcompat.collectives.agree import answer, answering
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._errors import HangError
@@ -168,7 +169,7 @@ class Watchdog:
     def wait_sync(self, work: Any, op: str, group: Any) -> None:
         """Wait for a synchronous collective's ``work`` with the watchdog timeout.
 
-        While the default mismatch check listens (``collectives._agree``), the wait runs in
+        While the default mismatch check listens (``collectives.agree``), the wait runs in
         ``POLL_S`` slices and answers peers' questions between them, so a peer that called a
         different collective gets its ``CollectiveMismatchError`` here too, not a timeout.
         """
@@ -208,16 +209,16 @@ class Watchdog:
         The wait answers peers between slices while the mismatch check listens; :meth:`watch`
         declares the hang once the call is ``timeout`` old; the backend's timeout ends it.
         """
-        answering = [_agree.answering()]
+        listening = [answering()]
 
         def between() -> None:
-            if answering[0]:
+            if listening[0]:
                 try:
-                    _agree.answer(group)  # a peer may be asking what this rank called
-                except _agree.StoreUnreachable:
+                    answer(group)  # a peer may be asking what this rank called
+                except StoreUnreachable:
                     # A network partition: stop answering and wait for the op itself, whose own
                     # timeout gives the typed error; a short outage passes unseen.
-                    answering[0] = False
+                    listening[0] = False
 
         wait = waits.Wait(op=op, phase="backend wait", group=group, started=raw[8], record=raw)
         try:

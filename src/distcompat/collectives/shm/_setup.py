@@ -20,10 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
 from distcompat.collectives._peers import Identity
+from distcompat.collectives._store import QuickStore, StoreUnreachable
 from distcompat.collectives._wait import Wait, polled, timeout_error, until
 from distcompat.collectives.shm._barrier import Barrier
 from distcompat.collectives.shm._engine import Engine

@@ -30,157 +30,43 @@ from __future__ import annotations
 
 import contextlib
 import time
-import weakref
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from distcompat._ranks import side_store
-from distcompat.collectives._agree_posts import (
+from distcompat.collectives._errors import CollectiveError, raise_typed
+from distcompat.collectives._group import global_rank
+from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._store import QuickStore, StoreUnreachable
+from distcompat.collectives._wait import POLL_S, Wait, polled, until, work_ready
+from distcompat.collectives.agree import _state
+from distcompat.collectives.agree._posts import (
     ROWS_VARY,
     late_error,
     mismatch_error,
     rebuild_call,
     signature_text,
 )
-from distcompat.collectives._agree_store import QuickStore, StoreUnreachable
-from distcompat.collectives._errors import CollectiveError, raise_typed
-from distcompat.collectives._group import FALLBACK_TIMEOUT_S, global_rank, group_timeout_s
-from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._wait import POLL, POLL_S, Wait, polled, until, work_ready
-from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
+from distcompat.collectives.agree._state import (
+    _MAX_AGREED,
+    _RED_OP_TYPE,
+    HISTORY,
+    _State,
+    count,
+    state_for,
+)
 
-__all__ = [
-    "ENV_VAR",
-    "HISTORY",
-    "POLL",
-    "POLL_S",
-    "StoreUnreachable",
-    "agree",
-    "answer",
-    "check",
-    "count",
-    "last",
-    "listening",
-    "record",
-    "state_for",
-    "unchecked",
-    "wait_answering",
-]
-
-ENV_VAR = MISMATCH_VARIABLE
-#: Steps remembered per group; beyond this the set starts again (every rank at the same call).
-_MAX_AGREED = 4096
-#: Recent signatures kept per group, to answer a question about a call already made.
-HISTORY = 256
-
-_RED_OP_TYPE = type(dist.ReduceOp.SUM)
-
-#: True once some group has a store to check through: issue() then waits in POLL_S slices.
-listening = False
-
-
-@dataclass(slots=True)
-class _State:
-    """One group's agreement record (the same on every rank while the ranks agree)."""
-
-    store: QuickStore | None  # None: this group is not checked by default
-    rank: int
-    world: int
-    wait_s: float = FALLBACK_TIMEOUT_S
-    seq: int = 0
-    agreed: set[Any] = field(default_factory=set)  # steps: (previous code, code), see record()
-    previous: int = 0  # the last call's signature code (this process's hash of it)
-    history: list[Any] = field(default_factory=lambda: [None] * HISTORY)
-    posted: set[int] = field(default_factory=set)  # call numbers this rank posted for
-    open: set[int] = field(default_factory=set)  # answered, still waiting for every post
-
-
-_states: weakref.WeakKeyDictionary[Any, _State] = weakref.WeakKeyDictionary()
-#: A call that joins a peer's pending call after a mismatch: not numbered, not checked.
-_joining = False
-#: Inside :func:`unchecked`: no call is numbered or checked.
-_suspended = False
-#: ``_joining or _suspended``, kept up to date: the one flag the fast paths read.
-paused = False
-
-
-def _pause(joining: bool, suspended: bool) -> None:
-    """Set ``_joining`` and ``_suspended``, and :data:`paused` with them."""
-    global _joining, _suspended, paused
-    _joining, _suspended, paused = joining, suspended, joining or suspended
-
-
-def answering() -> bool:
-    """Return whether a waiting rank should answer peers' questions (the default check is on)."""
-    return listening and not _suspended
-
-
-@contextlib.contextmanager
-def unchecked() -> Iterator[None]:
-    """Turn the default mismatch check off inside the block; every rank must do the same.
-
-    Example:
-        >>> with unchecked():
-        ...     pass
-    """
-    previous = _suspended
-    _pause(_joining, True)
-    try:
-        yield
-    finally:
-        _pause(_joining, previous)
-
-
-def _enabled_by_env() -> bool:
-    """Read ``DISTCOMPAT_MISMATCH_CHECK`` (unset, on, 1: on; off, 0: off), in launch's settings."""
-    return choose_mismatch_check().on
-
-
-def _new_state(key: Any) -> _State:
-    """Set up ``key``'s record: checked through the rendezvous store of a group distcompat made."""
-    global listening
-    rank, world = dist.get_rank(key), dist.get_world_size(key)
-    found = side_store() if _enabled_by_env() else None
-    if found is None:
-        return _State(store=None, rank=rank, world=world)
-    store, prefix = found
-    name = getattr(key, "group_name", None) or ",".join(map(str, dist.get_process_group_ranks(key)))
-    wait_s = group_timeout_s(key)  # the group's own: a subgroup may have a shorter one
-    listening = True
-    return _State(
-        store=QuickStore(dist.PrefixStore(f"{prefix}/agree/{name}", store)),
-        rank=rank,
-        world=world,
-        wait_s=wait_s,
-    )
-
-
-#: The last group looked up and its record: the fast paths (``_direct``) read it (a weakref
-#: call) instead of making a weak-key lookup. A weakref: a destroyed group is not kept alive.
-last: tuple[weakref.ref[Any], _State] | None = None
-
-
-def state_for(group: Any) -> _State:
-    """Return ``group``'s record (made on its first call; ``group`` has more than one rank)."""
-    global last
-    key = group if group is not None else dist.group.WORLD
-    state = _states.get(key)
-    if state is None:
-        state = _states[key] = _new_state(key)
-    last = (weakref.ref(key), state)
-    return state
+__all__ = ["StoreUnreachable", "agree", "answer", "check", "record", "wait_answering"]
 
 
 def agree(
     op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
 ) -> None:
     """Count this call on ``group``; check it with every rank if its signature is new there."""
-    if paused:
+    if _state.paused:
         return
     state = state_for(group)
     if state.store is None:
@@ -202,31 +88,6 @@ def record(state: _State, sig: tuple[Any, ...], group: Any) -> None:
     counted = count(state, sig)
     if counted is not None:
         check(state, counted, sig, group)
-
-
-def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, tuple[int, int]] | None:
-    """Count a call (the first half of :func:`record`); return ``(seq, step)`` to check, or None.
-
-    None: nothing to check (the step was agreed before, or the check is off or suspended).
-    Otherwise the caller must :func:`check` what this returned before it issues the call (the
-    call's number travels with it: another thread may count a call in between)::
-
-        counted = count(state, sig)
-        if counted is not None:
-            check(state, counted, sig, group)
-
-    ``_direct.allreduce`` has this written out in place (a call costs a tiny all_reduce about
-    1 us): a change here belongs there too (tests/test_collectives_direct.py compares them).
-    """
-    if state.store is None or paused:
-        return None
-    seq = state.seq
-    state.seq = seq + 1
-    state.history[seq % HISTORY] = sig
-    code = hash(sig)  # a step is keyed by the two codes: hashing nested signatures costs more
-    step = (state.previous, code)
-    state.previous = code
-    return None if step in state.agreed else (seq, step)
 
 
 def check(
@@ -350,7 +211,7 @@ def answer(group: Any) -> None:
 
     Called while this rank waits (in a collective, or for its own check). Never blocks for long:
     one store round trip to read the questions, and one per question, each given up after
-    ``_agree_store.TIMEOUT_S`` with :class:`StoreUnreachable`.
+    ``_store.TIMEOUT_S`` with :class:`StoreUnreachable`.
     """
     state = state_for(group)
     store = state.store
@@ -410,10 +271,10 @@ def _join_pending(posts: list[str], group: Any) -> None:
     call = rebuild_call(text, group)
     if call is None:
         return
-    _pause(True, _suspended)
+    _state._pause(True, _state._suspended)
     try:
         call()
     except RuntimeError:
         pass  # the peers' call failed anyway; they raise on their own
     finally:
-        _pause(False, _suspended)
+        _state._pause(False, _state._suspended)

@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from distcompat.collectives._agree_store import TIMEOUT_S, QuickStore, StoreUnreachable
+from distcompat.collectives._store import TIMEOUT_S, QuickStore, StoreUnreachable
 
 _SERVER = """
 import sys, time

@@ -1,7 +1,8 @@
-"""The mismatch check's requests to the rendezvous store, each bounded by a short timeout.
+"""Requests to a rendezvous store, each bounded by a short timeout.
 
-The default mismatch check (``_agree``) talks to the group's rendezvous store while a rank waits
-in a collective. When the store's host cannot be reached (a network partition), a store request
+The default mismatch check (``agree``) talks to the group's rendezvous store while a rank waits
+in a collective; the shared-memory set-up (``shm._setup``) and the lost-peer naming (``_peers``)
+ask it too. When the store's host cannot be reached (a network partition), a store request
 does not come back: measured on torch 2.13 against a stopped store server, ``check``, ``add``,
 ``get`` and ``multi_get`` block with no end, and ``set_timeout`` bounds only a wait for a key,
 not the socket; even ``clone()`` blocks in its handshake. A rank whose main thread sat in such a
