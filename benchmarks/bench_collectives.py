@@ -38,7 +38,7 @@ import torch
 import torch.distributed as tdist
 
 import distcompat.collectives as dc
-from distcompat.collectives import _direct
+from distcompat.collectives.direct import _common
 from distcompat.collectives.shm import _path as shm
 from distcompat.testing import run_on_ranks
 
@@ -222,7 +222,7 @@ def _wrapper_cost(
     backend would not stand in for its ops. distcompat's reduce_scatter_tensor is an all-to-all
     (a no-op here) plus a local reduction of the rows, which stays in its cost: gloo's own
     reduction is inside the no-op. The fast paths keep the ProcessGroup class's all-to-all
-    function once looked up (``_direct._exchanges``): emptied here, so they find the no-op (and
+    function once looked up (``_common._exchanges``): emptied here, so they find the no-op (and
     later the real one).
     """
     t, out, inp = torch.ones(1), torch.empty(2), torch.ones(2)
@@ -255,7 +255,7 @@ def _wrapper_cost(
     try:
         for name in real:
             setattr(pg_type, name, lambda *args, **kwargs: done)
-        _direct._exchanges.clear()
+        _common._exchanges.clear()
         for name, (ours, raw) in pairs.items():
             ours(), raw()
             block = calls // rounds
@@ -279,7 +279,7 @@ def _wrapper_cost(
     finally:
         for name, fn in real.items():
             setattr(pg_type, name, fn)
-        _direct._exchanges.clear()
+        _common._exchanges.clear()
     return {"warm": cost, "cold": cold}
 
 

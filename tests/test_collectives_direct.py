@@ -1,4 +1,4 @@
-"""The fast paths (``collectives._direct``) on a real 2-rank gloo group.
+"""The fast paths (``collectives.direct``) on a real 2-rank gloo group.
 
 ``allreduce`` numbers its calls with ``_agree.count`` written out in place; these tests hold the
 written-out copy to what ``count`` itself records.
@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 import distcompat.distributed as dist
-from distcompat.collectives import _direct, unchecked
+from distcompat.collectives import unchecked
 from distcompat.collectives.agree import _state as _agree
+from distcompat.collectives.direct import _common, _reduce
 from distcompat.testing import run_on_ranks
 
 
@@ -54,7 +55,7 @@ def test_fast_all_reduce_numbers_calls_as_count_does() -> None:
 
 
 def _default_groups() -> bool:
-    return _direct._WORLD._default_pg is dist.GroupMember.WORLD is not None
+    return _common._WORLD._default_pg is dist.GroupMember.WORLD is not None
 
 
 def test_the_default_group_is_read_where_torch_keeps_it() -> None:
@@ -72,14 +73,14 @@ def _reuse() -> dict[str, Any]:
 def _reuse_on_gloo() -> dict[str, Any]:
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(1))  # the group's first call looks it up (general path)
-    _direct._spare_rows.clear()
+    _reduce._spare_rows.clear()
     out = torch.empty(3)
     results = []
     for step in range(4):  # sync calls: the second onwards receives into the first's buffer
         data = torch.arange(6.0) * (rank + 1) + step
         dist.reduce_scatter_tensor(out, data)
         results.append(out.tolist())
-    kept = [id(rows) for rows in _direct._spare_rows[(torch.float32, 2, 3)]]
+    kept = [id(rows) for rows in _reduce._spare_rows[(torch.float32, 2, 3)]]
     # Two in flight at once on rank 0: each needs a buffer of its own. Rank 1 joins late, so
     # rank 0's first call cannot finish before its second starts; rank 1's may (then it reuses).
     first, second = torch.empty(3), torch.empty(3)
@@ -97,7 +98,7 @@ def _reuse_on_gloo() -> dict[str, Any]:
         "results": results,
         "kept": len(kept),
         "async": (first.tolist(), second.tolist()),
-        "kept_after": len(_direct._spare_rows[(torch.float32, 2, 3)]),
+        "kept_after": len(_reduce._spare_rows[(torch.float32, 2, 3)]),
         "max": maxed.tolist(),
     }
 

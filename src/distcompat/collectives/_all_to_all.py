@@ -14,7 +14,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _direct
+from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_size
 from distcompat.collectives._issue import issue

@@ -18,7 +18,7 @@ on gloo here); use it while debugging, not in production runs. Outside it, the d
 :mod:`distcompat.diagnostics` has a watchdog or a single-rank region active it installs
 ``pre_call`` (history record, single-rank check) and ``watch`` (bounded waits in ``issue()`` and
 ``CompatWork.wait()``). With nothing installed the hook costs one module-global lookup plus the
-default check's bookkeeping; the common calls skip it and do that bookkeeping in ``_direct``, the
+default check's bookkeeping; the common calls skip it and do that bookkeeping in ``direct``, the
 watchdog's record included. Only checked mode and single-rank regions (``_general``) send every
 call through here.
 """
@@ -69,7 +69,7 @@ _active = False
 #: Diagnostics want every call's pre-call hook: a single-rank region is open in some thread, or
 #: a declared hang poisons the group (``distcompat.diagnostics``).
 _hooked = False
-#: ``_enabled or _hooked``: every call must run :func:`verify` (``_direct`` steps aside).
+#: ``_enabled or _hooked``: every call must run :func:`verify` (``direct`` steps aside).
 _general = False
 
 

@@ -17,7 +17,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives import _direct
+from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._issue import issue

@@ -193,7 +193,7 @@ class Recorder:
         self.started: dict[str, int] = {}
         self.open: dict[int, tuple[Raw, float]] = {}  # key -> (raw record, monotonic start)
         #: Raw records in call order, not yet numbered: callers append (the fast paths in
-        #: ``collectives._direct`` do it in place, see :meth:`note`); only drain() removes.
+        #: ``collectives.direct`` do it in place, see :meth:`note`); only drain() removes.
         self.queue: list[Raw] = []
         self._drain_lock = threading.Lock()
         self._local = threading.local()
@@ -203,7 +203,7 @@ class Recorder:
     ) -> Raw:
         """Record a collective about to be issued and return its raw entry: the fast paths' record.
 
-        Leaner than :meth:`begin` (``collectives._direct`` calls it for every common call while
+        Leaner than :meth:`begin` (``collectives.direct`` calls it for every common call while
         a watchdog is active): one list appended to the queue, no call site (found from the
         live frames only if the op is still in flight after its first wait, :meth:`late`;
         history shows ``?``), and no pending record (:meth:`current` finds it).

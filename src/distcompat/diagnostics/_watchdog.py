@@ -80,7 +80,7 @@ class Watchdog:
         self._active = False
         #: A fast-path synchronous call's first wait: one answering slice, at most the timeout.
         self.first_wait = timedelta(seconds=min(waits.POLL_S, config.timeout))
-        #: The fast paths' record (``collectives._direct``): ``Recorder.note`` itself, no layer
+        #: The fast paths' record (``collectives.direct``): ``Recorder.note`` itself, no layer
         #: between (a call costs microseconds right after a wait). A synchronous call then waits
         #: :attr:`first_wait` itself and calls :meth:`wait_late` only if that did not end it.
         #: After a declared hang (``poisoned``) the fast paths step aside

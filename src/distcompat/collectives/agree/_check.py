@@ -72,7 +72,7 @@ def agree(
     if state.store is None:
         return
     if type(reduce_op) is _RED_OP_TYPE:
-        reduce_op = reduce_op.name  # "SUM": what the fast paths (_direct) put in the signature
+        reduce_op = reduce_op.name  # "SUM": what the fast paths (direct) put in the signature
     elif reduce_op is not None:
         reduce_op = str(getattr(reduce_op, "op", reduce_op))  # a PREMUL_SUM ReduceOp object
     if tensor is None:

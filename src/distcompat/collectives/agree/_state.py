@@ -1,6 +1,6 @@
 """The mismatch check's record per group: call numbers, agreed steps, and whether it is paused.
 
-What ``_check`` compares is counted here (:func:`count`), and the fast paths (``_direct``) read
+What ``_check`` compares is counted here (:func:`count`), and the fast paths (``direct``) read
 this module's flags in place (``last``, ``paused``, ``listening``): read them as attributes of
 this module, never import their values::
 
@@ -126,7 +126,7 @@ def _new_state(key: Any) -> _State:
     )
 
 
-#: The last group looked up and its record: the fast paths (``_direct``) read it (a weakref
+#: The last group looked up and its record: the fast paths (``direct``) read it (a weakref
 #: call) instead of making a weak-key lookup. A weakref: a destroyed group is not kept alive.
 last: tuple[weakref.ref[Any], _State] | None = None
 

@@ -129,7 +129,7 @@ def reset() -> None:
 
 
 #: :func:`floor_bytes`' answers by (collective, world size), kept until :func:`reset`: the fast
-#: paths (``_direct``) read this dict before they call it (one call less per tiny collective).
+#: paths (``direct``) read this dict before they call it (one call less per tiny collective).
 floors: dict[tuple[str, int], float] = {}
 
 
@@ -160,7 +160,7 @@ def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | No
 def engaged(pg: Any, op: str = "collective") -> Engine | None:
     """Return ``pg``'s engine if the path is usable there (the first call, ``op``, sets it up).
 
-    For the fast paths (``_direct``), which checked the floor and the tensor themselves: one
+    For the fast paths (``direct``), which checked the floor and the tensor themselves: one
     dict lookup once the group has decided.
     """
     found = _groups.get(pg)

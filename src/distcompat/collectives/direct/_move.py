@@ -1,0 +1,239 @@
+"""The fast paths that move data: broadcast, all_to_all_single, all_gather_into_tensor.
+
+Each is written out in one function, as ``direct``'s module docstring says::
+
+    done = broadcast(tensor, src, group, async_op, group_src)
+"""
+
+from __future__ import annotations
+
+from time import monotonic as _monotonic
+from typing import Any
+
+import torch
+from torch.overrides import has_torch_function
+
+from distcompat.collectives import _checked, _probed
+from distcompat.collectives._errors import raise_typed
+from distcompat.collectives._wire import MOVE_NATIVE
+from distcompat.collectives.agree import _state as _agree
+from distcompat.collectives.agree import check as _agree_check
+from distcompat.collectives.direct._common import (
+    _DRAIN_AT,
+    _NO_TIMEOUT,
+    _WORLD,
+    SKIP,
+    Outcome,
+    _a2a_opts,
+    _all_to_all_options,
+    _bcast_opts,
+    _broadcast_options,
+    _exchange,
+    _exchanges,
+    _floor,
+    _late,
+    _ready,
+    _settle,
+)
+from distcompat.collectives.shm import _path as _shm_path
+
+__all__ = ["allgather", "alltoall", "broadcast"]
+
+
+def broadcast(
+    tensor: torch.Tensor, src: int | None, group: Any, async_op: bool, group_src: int | None
+) -> Outcome:
+    """``pg.broadcast`` as ``dist.broadcast`` calls it (``src`` on the default group only).
+
+    Written out as :func:`allreduce` is (no ``_ready`` or ``_floor`` call, each tensor property
+    read once): through them a tiny broadcast read about 4 us more (benchmarks/README.md).
+    """
+    if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
+        return SKIP
+    pg = group if group is not None else _WORLD._default_pg
+    last = _agree.last
+    dtype = tensor.dtype
+    if (
+        last is None
+        or pg is not last[0]()
+        or dtype not in MOVE_NATIVE
+        or not tensor.is_cpu
+        or not tensor.is_contiguous()
+        or has_torch_function((tensor,))
+    ):
+        return SKIP
+    state = last[1]
+    root = group_src if group_src is not None else src if group is None else None
+    if root is None or not 0 <= root < state.world:
+        return SKIP
+    floor = _shm_path.floors.get(("broadcast", state.world))  # inline: no call when known
+    engine = None
+    if tensor.nbytes >= (
+        _shm_path.floor_bytes("broadcast", state.world) if floor is None else floor
+    ):
+        engine = _shm_path.engaged(pg)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
+    shape = tensor.shape
+    watcher = _checked.watch
+    raw = None
+    origin = src if group_src is None else group_src  # what the general path records
+    if state.store is not None:
+        sig = ("broadcast", dtype, shape, None, root)
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note("broadcast", shape, dtype, group, None, origin)
+            _agree_check(state, counted, sig, group)
+    try:
+        if engine is None:
+            opts = _bcast_opts.get(root) or _broadcast_options(root)
+            work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
+        else:  # shared memory: run below (sync) or on the group's thread (async)
+            call = engine.broadcast(tensor if tensor.dim() == 1 else tensor.view(-1), root)
+            work = engine.work("broadcast", call) if async_op else None
+    except RuntimeError as exc:
+        raise_typed(exc, "broadcast", group)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        raw = [None, "broadcast", group, shape, dtype, None, origin, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
+    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        if engine is not None:  # as in allreduce
+            work = engine.run_now("broadcast", call, wait)
+            if work is None:
+                return None
+        try:
+            work.wait(wait)
+        except RuntimeError as exc:
+            _late(exc, work, "broadcast", group, watcher, raw)
+        return None
+    return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
+
+
+def alltoall(
+    output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool, even: bool
+) -> Outcome:
+    """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it.
+
+    Written out as :func:`allreduce` is (no ``_ready`` call; the ProcessGroup's method looked
+    up by class in a dict).
+    """
+    if (
+        type(input) is not torch.Tensor
+        or type(output) is not torch.Tensor
+        or _checked._general
+        or _probed._any
+    ):
+        return SKIP
+    pg = group if group is not None else _WORLD._default_pg
+    last = _agree.last
+    dtype = input.dtype
+    if (
+        not even
+        or last is None
+        or pg is not last[0]()
+        or dtype not in MOVE_NATIVE
+        or output.dtype is not dtype
+        or not input.is_cpu
+        or not output.is_cpu
+        or not input.is_contiguous()
+        or not output.is_contiguous()
+        or has_torch_function((input, output))
+        or input.dim() == 0
+    ):
+        return SKIP
+    state = last[1]
+    shape = input.shape
+    watcher = _checked.watch
+    raw = None
+    if state.store is not None:
+        sig = ("all_to_all_single", dtype, shape[1:], None, None)
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
+            _agree_check(state, counted, sig, group)
+    exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
+    try:
+        work = exchange(pg, output, input, [], [], _a2a_opts.get(0) or _all_to_all_options())
+    except RuntimeError as exc:
+        raise_typed(exc, "all_to_all_single", group)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        raw = [None, "all_to_all_single", group, shape, dtype, None, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
+    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
+        try:
+            work.wait(
+                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+            )
+        except RuntimeError as exc:
+            _late(exc, work, "all_to_all_single", group, watcher, raw)
+        return None
+    return _settle(work, "all_to_all_single", group, [output], async_op, watcher, raw)
+
+
+def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool) -> Outcome:
+    """``pg.all_gather_single`` for 1-d tensors, as ``dist.all_gather_single`` calls it.
+
+    Only where the ProcessGroup has that method (torch 2.13; older releases name it privately,
+    and those take the general path).
+    """
+    pg, state = _ready(group, input, output)
+    if (
+        state is None
+        or input.dim() != 1
+        or output.dim() != 1
+        or input.dtype != output.dtype
+        or output.numel() != state.world * input.numel()  # the general path says what is wrong
+    ):
+        return SKIP
+    engine = gather = None
+    if output.nbytes >= _floor("all_gather_into_tensor", state.world):
+        engine = _shm_path.engaged(pg)
+        if engine is None:
+            return SKIP  # the path is not usable on this group: the general path decides
+    else:
+        gather = getattr(pg, "all_gather_single", None)
+        if gather is None:
+            return SKIP
+    watcher = _checked.watch
+    raw = None
+    if state.store is not None:
+        sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
+        counted = _agree.count(state, sig)
+        if counted is not None:  # as in allreduce
+            if watcher is not None:
+                raw = watcher.note(
+                    "all_gather_into_tensor", input.shape, input.dtype, group, None, None
+                )
+            _agree_check(state, counted, sig, group)
+    try:
+        if gather is not None:
+            work = gather(output, input)  # default options: asyncOp True, as everywhere here
+        else:  # shared memory: run below (sync) or on the group's thread (async)
+            assert engine is not None
+            call = engine.all_gather(output, input)
+            work = engine.work("all_gather_into_tensor", call) if async_op else None
+    except RuntimeError as exc:
+        raise_typed(exc, "all_gather_into_tensor", group)
+    if watcher is not None and raw is None:  # the record, inline: see the module doc
+        shape, dtype = input.shape, input.dtype
+        raw = [None, "all_gather_into_tensor", group, shape, dtype, None, None, None, _monotonic()]
+        queue = watcher.queue
+        queue.append(raw)
+        if len(queue) >= _DRAIN_AT:
+            watcher.drain()
+    if work is None:  # shared memory, synchronous: as in allreduce
+        assert engine is not None
+        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+        work = engine.run_now("all_gather_into_tensor", call, wait)
+        if work is None:
+            return None
+    return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
