@@ -71,7 +71,7 @@ def _name_from_address(message: str, shared: bool) -> list[int]:
     A stand-in for hardware we do not have (several hosts): the published identities are
     rewritten in the real group's store, then ``lost_peers`` reads them back.
     """
-    from distcompat.collectives._peers import _KEY, _store, publish
+    from distcompat.collectives._peers import _KEY, _known, _store, publish
 
     rank, world = dist.get_rank(), dist.get_world_size()
     store = _store()
@@ -82,10 +82,12 @@ def _name_from_address(message: str, shared: bool) -> list[int]:
             fake = Identity(f"node{other}", f"elsewhere{other}", 1, 1, (f"10.9.0.{last}",))
             store.set(_KEY.format(other), fake.to_json())
     dist.barrier()
+    _known.clear()  # identities are read once per group: forget the true ones read before
     named = list(lost_peers(None, message)) if rank == 0 else []
     dist.barrier()
     publish()  # put the true identities back for later tests on these ranks
     dist.barrier()
+    _known.clear()
     return named
 
 
