@@ -203,6 +203,7 @@ def until(
     """
     if ready(_slice(wait)):
         return
+    limit = None if wait.deadline is None else wait.deadline - wait.started  # before watch()
     thread = threading.get_ident()
     outer = _waits.get(thread)
     _waits[thread] = wait
@@ -215,7 +216,7 @@ def until(
             if gone:
                 raise PeerLostError(
                     f"{wait.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-                    f"{', '.join(map(str, gone))}) while this rank waited {wait.describe()[3:]}",
+                    f"{', '.join(map(str, gone))}) while this rank waited {wait.describe()}",
                     op=wait.op,
                     peer=gone[0],
                     peers=gone,
@@ -224,7 +225,7 @@ def until(
             if watched is not None:
                 watched.watch(wait)
             if wait.deadline is not None and time.monotonic() >= wait.deadline:
-                raise timeout_error(wait, wait.deadline - wait.started)
+                raise timeout_error(wait, limit or 0.0)
             if ready(_slice(wait)):
                 return
     finally:
