@@ -25,10 +25,14 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["TIMEOUT_S", "QuickStore", "StoreUnreachable"]
+__all__ = ["TIMEOUT_S", "QuickStore", "StoreUnreachable", "asked_until"]
+
+T = TypeVar("T")
 
 #: How long one request of the check may wait for the store (seconds).
 TIMEOUT_S = 2.0
@@ -101,18 +105,18 @@ class QuickStore:
         self._source = store
         self._conn: Any = None  # the clone; made and used on the worker thread only
 
-    def _request(self, name: str, *args: Any) -> Any:
+    def _request(self, name: str, *args: Any, timeout: float = TIMEOUT_S) -> Any:
         worker = _the_worker()
         stuck = worker.current  # a request given up on earlier, or another thread's
-        if stuck is not None and not stuck.done.wait(TIMEOUT_S):
+        if stuck is not None and not stuck.done.wait(timeout):
             raise StoreUnreachable(
                 f"the rendezvous store did not answer: an earlier {stuck.name} is still unanswered"
             )
         request = _Request(self, name, args)
         worker.requests.put(request)
-        if not request.done.wait(TIMEOUT_S):
+        if not request.done.wait(timeout):
             raise StoreUnreachable(
-                f"the rendezvous store did not answer {name} within {TIMEOUT_S:g}s"
+                f"the rendezvous store did not answer {name} within {timeout:g}s"
             )
         if request.error is not None:
             raise StoreUnreachable(
@@ -128,9 +132,13 @@ class QuickStore:
         """Return whether every key exists (never waits for them to appear)."""
         return bool(self._request("check", keys))
 
-    def add(self, key: str, amount: int) -> int:
-        """Add ``amount`` to the counter ``key`` and return its new value."""
-        return int(self._request("add", key, amount))
+    def add(self, key: str, amount: int, *, timeout: float = TIMEOUT_S) -> int:
+        """Add ``amount`` to the counter ``key`` and return its new value, waiting ``timeout``.
+
+        Not safe to ask again: a request given up on stays queued and may still be made, so a
+        retried ``add`` could count twice. Give it the whole time it may take instead.
+        """
+        return int(self._request("add", key, amount, timeout=timeout))
 
     def get(self, key: str) -> bytes:
         """Return the value of ``key``, which must exist (a missing one waits for the store)."""
@@ -141,3 +149,24 @@ class QuickStore:
         """Return the values of ``keys``, which must exist (a missing one waits for the store)."""
         values: list[bytes] = self._request("multi_get", keys)
         return values
+
+
+def asked_until(
+    request: Callable[[], T], deadline: float, pause_s: float, late: Callable[[], Exception]
+) -> T:
+    """Return ``request()``, asked again every ``pause_s`` while the store does not answer.
+
+    Past ``deadline`` (``time.monotonic()``) the last :class:`StoreUnreachable` becomes
+    ``late()``, the caller's own error.
+
+    Example:
+        >>> asked_until(lambda: 3, time.monotonic() + 1, 0.1, lambda: TimeoutError("late"))
+        3
+    """
+    while True:
+        try:
+            return request()
+        except StoreUnreachable as exc:
+            if time.monotonic() > deadline:
+                raise late() from exc
+            time.sleep(pause_s)

@@ -44,8 +44,7 @@ from distcompat.collectives._errors import (
     PeerLostError,
     translate,
 )
-from distcompat.collectives._store import StoreUnreachable
-from distcompat.collectives.agree import answer, answering
+from distcompat.collectives.agree import answerer, answering
 from distcompat.diagnostics import _hooks
 from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._errors import HangError
@@ -209,17 +208,7 @@ class Watchdog:
         The wait answers peers between slices while the mismatch check listens; :meth:`watch`
         declares the hang once the call is ``timeout`` old; the backend's timeout ends it.
         """
-        listening = [answering()]
-
-        def between() -> None:
-            if listening[0]:
-                try:
-                    answer(group)  # a peer may be asking what this rank called
-                except StoreUnreachable:
-                    # A network partition: stop answering and wait for the op itself, whose own
-                    # timeout gives the typed error; a short outage passes unseen.
-                    listening[0] = False
-
+        between = answerer(group, listening=answering())
         wait = waits.Wait(op=op, phase="backend wait", group=group, started=raw[8], record=raw)
         try:
             if answer_first:
@@ -231,19 +220,18 @@ class Watchdog:
         except RuntimeError as exc:
             self._recorder.abandon(key)
             if not isinstance(exc, HangError):
-                self._peer_failed(exc, op, group)  # a peer died, or the group timeout
+                typed = self._peer_failed(exc, op, group)  # a peer died, or the group timeout
                 if self._reported is raw:  # the backend timed out what this watchdog reported
-                    self._name_the_late(exc, op, group)
+                    self._name_the_late(typed, exc, op)
             raise
         self._recorder.finished(key)
 
-    def _name_the_late(self, exc: RuntimeError, op: str, group: Any) -> None:
+    def _name_the_late(self, typed: BaseException, exc: RuntimeError, op: str) -> None:
         """Raise the group timeout of a reported call naming the ranks the report blamed.
 
         gloo's timeout names no rank, and past two ranks ``collectives`` can name only a
         stopped one; the report of this very call knows who was late, and what it was doing.
         """
-        typed = translate(exc, op, group)
         report = self.last_report
         if not isinstance(typed, CollectiveTimeoutError) or typed.peers or report is None:
             return
@@ -337,11 +325,12 @@ class Watchdog:
             note_failure(f"{op}: HangError")
             raise self._hang_error(op, reason)
 
-    def _peer_failed(self, exc: RuntimeError, op: str, group: Any) -> None:
+    def _peer_failed(self, exc: RuntimeError, op: str, group: Any) -> BaseException:
         """Handle a backend error in a watched wait: for a lost peer, report, then raise it.
 
         Only a raising watchdog reports a lost peer: the report waits ``grace`` seconds for the
         gone rank, and the default (report-only) watchdog must not delay the error by that.
+        Otherwise return the typed form of ``exc`` (``exc`` itself if it has none).
         """
         typed = translate(exc, op, group)
         if declared_failure(typed) is not None:
@@ -351,6 +340,7 @@ class Watchdog:
             if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
                 typed.add_note(report.describe())
             raise typed from exc
+        return typed
 
     def _hang_error(self, op: str, reason: str) -> HangError:
         report = self.last_report

@@ -8,7 +8,7 @@ what ranks post::
         special_calls()
 """
 
-from distcompat.collectives.agree._check import agree, answer, check, wait_answering
+from distcompat.collectives.agree._check import agree, answer, answerer, check, wait_answering
 from distcompat.collectives.agree._state import ENV_VAR, HISTORY, answering, state_for, unchecked
 
 __all__ = [
@@ -16,6 +16,7 @@ __all__ = [
     "HISTORY",
     "agree",
     "answer",
+    "answerer",
     "answering",
     "check",
     "state_for",

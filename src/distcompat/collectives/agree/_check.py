@@ -40,7 +40,7 @@ import torch.distributed as dist
 from distcompat.collectives._errors import CollectiveError, raise_typed
 from distcompat.collectives._group import global_rank
 from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._store import QuickStore, StoreUnreachable
+from distcompat.collectives._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._wait import POLL_S, Wait, polled, until, work_ready
 from distcompat.collectives.agree import _state
 from distcompat.collectives.agree._posts import (
@@ -59,7 +59,15 @@ from distcompat.collectives.agree._state import (
     state_for,
 )
 
-__all__ = ["StoreUnreachable", "agree", "answer", "check", "record", "wait_answering"]
+__all__ = [
+    "StoreUnreachable",
+    "agree",
+    "answer",
+    "answerer",
+    "check",
+    "record",
+    "wait_answering",
+]
 
 
 def agree(
@@ -162,13 +170,9 @@ def _retry(
     request: Callable[[], Any], sig: tuple[Any, ...], seq: int, state: _State, deadline: float
 ) -> Any:
     """Return ``request()``, asked again while the store does not answer, until ``deadline``."""
-    while True:
-        try:
-            return request()
-        except StoreUnreachable as exc:
-            if time.monotonic() > deadline:
-                raise late_error(sig[0], seq, state.wait_s, None) from exc
-            time.sleep(POLL_S)
+    return asked_until(
+        request, deadline, POLL_S, lambda: late_error(sig[0], seq, state.wait_s, None)
+    )
 
 
 def _absent(store: QuickStore, keys: list[str], group: Any) -> tuple[int, ...] | None:
@@ -236,23 +240,32 @@ def answer(group: Any) -> None:
             raise mismatch_error(mine.split(",", 1)[0], seq, posts)
 
 
+def answerer(group: Any, *, listening: bool = True) -> Callable[[], None]:
+    """Return the step a backend wait takes between slices: answer peers' questions.
+
+    Once the store stops answering (a network partition) it asks no more, and the op's own
+    timeout gives the typed error; a short outage passes unseen. ``listening=False``: never ask.
+    """
+    asking = [listening]
+
+    def between() -> None:
+        if asking[0]:
+            try:
+                answer(group)  # a peer may be asking what this rank called
+            except StoreUnreachable:
+                asking[0] = False
+
+    return between
+
+
 def wait_answering(work: Any, group: Any, op: str = "collective") -> None:
     """Wait for a backend ``work``, answering peers' questions every ``POLL_S`` seconds.
 
     The wait is :func:`~distcompat.collectives._wait.until`'s ("in the backend wait"), so the
-    watchdog sees it; the backend's own timeout ends it. If the store stops answering (a network
-    partition), the rest of the wait asks no more: a short outage passes unseen.
+    watchdog sees it; the backend's own timeout ends it (:func:`answerer` between slices).
     """
-    answering = [True]
-
-    def between() -> None:
-        if answering[0]:
-            try:
-                answer(group)
-            except StoreUnreachable:
-                answering[0] = False
-
-    until(work_ready(work), Wait(op=op, phase="backend wait", group=group), between=between)
+    wait = Wait(op=op, phase="backend wait", group=group)
+    until(work_ready(work), wait, between=answerer(group))
 
 
 def _join_pending(posts: list[str], group: Any) -> None:

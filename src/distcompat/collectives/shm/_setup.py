@@ -23,7 +23,7 @@ import torch.distributed as dist
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
 from distcompat.collectives._peers import Identity
-from distcompat.collectives._store import QuickStore, StoreUnreachable
+from distcompat.collectives._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._wait import Wait, polled, timeout_error, until
 from distcompat.collectives.shm._barrier import Barrier
 from distcompat.collectives.shm._engine import Engine
@@ -108,14 +108,22 @@ class _SetUp:
 
     def ask(self, name: str, *args: Any) -> Any:
         """Make one store request, asked again while the store does not answer."""
-        while True:
-            try:
-                return getattr(self.store, name)(*args)
-            except StoreUnreachable as exc:
-                if time.monotonic() > self.started + self.limit:
-                    wait = Wait(op=self.op, phase="shared-memory set-up", group=self.key)
-                    raise timeout_error(wait, self.limit) from exc
-                time.sleep(0.1)
+        wait = Wait(op=self.op, phase="shared-memory set-up", group=self.key)
+        return asked_until(
+            lambda: getattr(self.store, name)(*args),
+            self.started + self.limit,
+            0.1,
+            lambda: timeout_error(wait, self.limit),
+        )
+
+    def count(self, key: str) -> int:
+        """Add one to the counter ``key``, sent once (never asked again: it would count twice)."""
+        left = self.started + self.limit - time.monotonic()
+        try:
+            return self.store.add(key, 1, timeout=max(left, 0.001))
+        except StoreUnreachable as exc:
+            wait = Wait(op=self.op, phase="shared-memory set-up", group=self.key)
+            raise timeout_error(wait, self.limit) from exc
 
     def wait_for(self, keys: list[str]) -> None:
         """Wait until every one of ``keys`` is posted; the group's timeout ends the wait."""
@@ -147,7 +155,7 @@ class _SetUp:
 def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
     rank, world = dist.get_rank(key), dist.get_world_size(key)
     talk = _SetUp(key, store, op)
-    generation = (talk.ask("add", f"{_KEY}/setups", 1) - 1) // world  # this setup's number
+    generation = (talk.count(f"{_KEY}/setups") - 1) // world  # this setup's number
     base = f"{_KEY}/{generation}"
     me = Identity.here()
     hello = {"identity": me.to_json(), "problem": platform_problem()}
