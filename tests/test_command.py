@@ -44,4 +44,6 @@ def _stderr(*command: str) -> str:
 @needs_no_numpy
 def test_the_cli_is_quiet_and_a_user_program_is_not() -> None:
     assert "NumPy" not in _stderr(sys.executable, "-m", "distcompat", "doctor", "--device", "cpu")
-    assert "Failed to initialize NumPy" in _stderr(sys.executable, "-c", "import distcompat")
+    # The public face imports torch on first use, so the user program uses distcompat here.
+    program = "import distcompat; distcompat.init_distributed"
+    assert "Failed to initialize NumPy" in _stderr(sys.executable, "-c", program)
