@@ -209,6 +209,9 @@ def main() -> None:
         help="comma-separated left windows, one case each (nanochat's S layers at 2048: 512)",
     )
     parser.add_argument("--no-flex", action="store_true", help="skip flex (eager: slow on CPU)")
+    parser.add_argument(
+        "--only-windows", action="store_true", help="only the window cases (a crossover sweep)"
+    )
     parser.add_argument("--dispatch-calls", type=int, default=20000)
     parser.add_argument(
         "--dispatch-only", action="store_true", help="only the warm dispatch cost table"
@@ -236,6 +239,8 @@ def main() -> None:
     for backward in (False, True):
         for dtype in dtypes:
             for case in cases(args.heads, args.seq, [int(w) for w in args.windows.split(",")]):
+                if args.only_windows and not case[0].startswith("window"):
+                    continue
                 bench_case(case, dtype, args, backward)
     dispatch_overhead(args.dispatch_calls, device)
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from functorch.compile import make_boxed_func  # type: ignore[import-untyped]
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 
 from distcompat.attention import attend, attend_with_kvcache
@@ -259,3 +260,41 @@ def test_forced_flex_compiles_fullgraph_on_cpu(monkeypatch: pytest.MonkeyPatch) 
     assert seen.breaks == 0
     assert seen.warnings == []
     assert torch.allclose(out, ref, atol=1e-6)
+
+
+def test_compiled_flex_reads_prebuilt_block_masks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward only (flex has no backward on CPU): block masks are built with the plan, eagerly.
+
+    The graph holds no more ops than direct flex calls given block masks built beforehand (on a
+    GPU, rebuilding them in the graph cost every step), and a window first seen after the
+    compile (a new block mask) does not recompile the graph.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    monkeypatch.setenv("DISTCOMPAT_ATTENTION", "flex")
+    q, k = torch.randn(1, 4, 256, 16), torch.randn(1, 4, 256, 16)
+
+    def ours(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        out = attend(q, k, k, causal=True, window=(15, 0))
+        return attend(out, k, k, causal=True, window=(63, 0))
+
+    def window_of(left: int) -> Callable[..., torch.Tensor]:
+        return lambda b, h, i, j: (j <= i) & (j >= i - left)
+
+    masks = [create_block_mask(window_of(left), None, None, 256, 256, "cpu") for left in (15, 63)]
+
+    def direct(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        out = flex_attention(q, k, k, block_mask=masks[0])
+        return flex_attention(out, k, k, block_mask=masks[1])
+
+    with torch.no_grad():
+        seen, out = compile_and_count(ours, q, k)
+        theirs, ref = compile_and_count(direct, q, k)
+        assert torch.allclose(out, ref, atol=1e-5)
+        assert_no_more_than_direct(seen, theirs)
+        compiles = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(ours, backend=compiles)
+        compiled(q, k)
+        attend(q, k, k, causal=True, window=(31, 0))  # a third block mask, made eagerly
+        assert torch.allclose(compiled(q, k), ref, atol=1e-5)
+    assert compiles.frame_count == 1

@@ -75,7 +75,7 @@ $PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|h
         # SSSL windows, bf16 autocast, torch.compile), 40 steps each with attention through
         # distcompat and through direct SDPA, interleaved: median step, peak memory, ratio.
         # shellcheck disable=SC2086  # NANOCHAT_ARGS is a list of flags
-        step nanochat 300 "$PY" benchmarks/bench_nanochat_attention.py --device cuda \
+        step nanochat "${NANOCHAT_LIMIT:-300}" "$PY" benchmarks/bench_nanochat_attention.py --device cuda \
             ${NANOCHAT_ARGS:-}
         cat "$OUT/nanochat.log"
         ;;

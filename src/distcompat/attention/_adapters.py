@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -103,6 +104,7 @@ class Plan(NamedTuple):
     mask: torch.Tensor | None = None
     dead: torch.Tensor | None = None
     nan_rows: bool = False  # KV cache: the kernel gives NaN for a row that sees no key
+    blocks: str = ""  # flex: the name its window's BlockMask has in _block_masks
 
 
 def sdpa_strategy(sig: CallSignature) -> str:
@@ -183,8 +185,16 @@ def _flex_plan(sig: CallSignature, scale: float | None, bthd: bool) -> Plan:
     repeat = sig.hq // sig.hkv if sig.hq != sig.hkv and not gqa else 1
     windowed = (left, right) != (UNBOUNDED, UNBOUNDED)
     dead = _dead_rows(sig) if windowed and has_dead_rows(sig.tq, sig.tk, left, right) else None
+    blocks = _block_mask_named(sig) if windowed else ""
     return Plan(
-        impl="flex", bthd=bthd, window=sig.window, scale=scale, gqa=gqa, repeat=repeat, dead=dead
+        impl="flex",
+        bthd=bthd,
+        window=sig.window,
+        scale=scale,
+        gqa=gqa,
+        repeat=repeat,
+        dead=dead,
+        blocks=blocks,
     )
 
 
@@ -307,8 +317,29 @@ def _flex_block_mask(tq: int, tk: int, window: Window, device: torch.device) -> 
     return create_block_mask(mask_mod, None, None, tq, tk, device=device)
 
 
-#: Eager calls reuse block masks (building one costs more than a small flex call).
-_cached_block_mask = functools.lru_cache(maxsize=64)(_flex_block_mask)
+#: Each flex plan's block mask, an attribute named by (Tq, Tk, window, device), built with the
+#: plan (building one costs more than a small flex call). Attributes, not a dict: dynamo reads a
+#: dict once per trace, so an entry that a plan made later in the same trace would be missing;
+#: it reads each attribute when it is used, and a compiled graph takes it as an input.
+_block_masks = types.SimpleNamespace()
+
+#: Block masks kept at most (a few KiB each); when full they are dropped and rebuilt when next
+#: planned. A compiled graph that read a dropped one fails its guard and is traced again.
+MAX_BLOCK_MASKS = 64
+
+
+def _block_mask_named(sig: CallSignature) -> str:
+    # Eager, also for a traced call (plans are made eagerly): the graph reads the mask by name
+    # instead of rebuilding it on every step.
+    device = _device(sig)
+    left, right = sig.window
+    name = f"q{sig.tq}_k{sig.tk}_l{left}_r{right}_{device.type}{device.index or 0}"
+    name = name.replace("-", "m")  # -1: unbounded
+    if not hasattr(_block_masks, name):
+        if len(vars(_block_masks)) >= MAX_BLOCK_MASKS:
+            vars(_block_masks).clear()
+        setattr(_block_masks, name, _flex_block_mask(sig.tq, sig.tk, sig.window, device))
+    return name
 
 
 @functools.cache
@@ -322,16 +353,12 @@ def _flex_callable(device_type: str) -> Callable[..., Any]:
 
 
 def _run_flex(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    compiling = _is_compiling()
-    block_mask = None
-    if plan.window != (UNBOUNDED, UNBOUNDED):
-        build = _flex_block_mask if compiling else _cached_block_mask
-        block_mask = build(q.shape[2], k.shape[2], plan.window, q.device)
     k, v = repeat_kv(plan, k, v)
+    block_mask = getattr(_block_masks, plan.blocks) if plan.blocks else None
     kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": plan.scale}
     if plan.gqa:
         kwargs["enable_gqa"] = True
-    if compiling:  # the caller's torch.compile traces flex itself
+    if _is_compiling():  # the caller's torch.compile traces flex itself
         out: torch.Tensor = probe_kernel("flex").functions["flex_attention"](q, k, v, **kwargs)
     else:
         with warnings.catch_warnings():

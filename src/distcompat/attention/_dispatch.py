@@ -57,6 +57,7 @@ __all__ = [
     "Rejection",
     "decide",
     "explain_attention",
+    "override_token",
     "parse_override",
     "read_override",
     "signature_from",
@@ -101,9 +102,38 @@ class AttentionDecision:
         return "\n".join(lines)
 
 
+#: ``os.environ`` keeps the process environment in ``_data`` (bytes on POSIX); a warm call reads
+#: it there in about 0.04 us, where ``os.environ.get`` costs 0.7 (it encodes the key and decodes
+#: the value on every call). Writes through ``os.environ`` (``monkeypatch.setenv`` too) update it.
+_ENV_KEY = ENV_VAR.encode()
+
+
+def override_token() -> bytes | str:
+    """Return ``DISTCOMPAT_ATTENTION`` as the environment holds it; the one place it is read.
+
+    Cheap enough for every call: the plan cache keys on it, so a change applies to the next call.
+
+    Example:
+        >>> os.environ[ENV_VAR] = "sdpa"
+        >>> read_override()
+        'sdpa'
+        >>> del os.environ[ENV_VAR]
+    """
+    data = getattr(os.environ, "_data", None)
+    if os.name == "nt" or not isinstance(data, dict):  # Windows keeps str keys, upper-cased
+        return os.environ.get(ENV_VAR, "")
+    return data.get(_ENV_KEY, b"")  # type: ignore[no-any-return]
+
+
 def read_override() -> str:
-    """Return ``DISTCOMPAT_ATTENTION`` (empty when unset); the one place it is read."""
-    return os.environ.get(ENV_VAR, "")
+    """Return ``DISTCOMPAT_ATTENTION`` (empty when unset), read through :func:`override_token`.
+
+    Example:
+        >>> isinstance(read_override(), str)
+        True
+    """
+    token = override_token()
+    return token if isinstance(token, str) else os.fsdecode(token)
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from distcompat.attention._adapters import Plan, plan_call, run_plan
 from distcompat.attention._contract import Layout, Window, bhtd_shape
-from distcompat.attention._dispatch import decide, read_override, signature_from
+from distcompat.attention._dispatch import decide, override_token, signature_from
 from distcompat.attention._kernels import state_token
 
 __all__ = ["attend", "call_key", "clear_plans", "plan_of"]
@@ -43,7 +43,7 @@ Call = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: (4 MiB at 2048 x 2048) that outlives ``visible_mask``'s own cache of 32: keep this modest.
 MAX_PLANS = 64
 
-_plans: dict[tuple[Key, str, int], tuple[Plan, Call]] = {}
+_plans: dict[tuple[Key, bytes | str, int], tuple[Plan, Call]] = {}
 
 
 def call_key(
@@ -124,7 +124,7 @@ def _make(key: Key) -> tuple[Plan, Call]:
 
 
 def _entry(key: Key) -> tuple[Plan, Call]:
-    stamp = (key, read_override(), state_token())
+    stamp = (key, override_token(), state_token())
     try:
         entry = _plans.get(stamp)
     except TypeError:  # an unhashable argument (a list for a window): decide, do not keep
@@ -227,7 +227,7 @@ def attend(
     if _is_compiling():
         return run_plan(_plan_when_traced(_traced_key(key)), q, k, v)
     try:  # the warm path: one lookup (what _entry does first, without its call)
-        call = _plans[(key, read_override(), state_token())][1]
+        call = _plans[(key, override_token(), state_token())][1]
     except (KeyError, TypeError):
         call = _entry(key)[1]
     return call(q, k, v)

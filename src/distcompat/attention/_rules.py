@@ -25,7 +25,7 @@ from distcompat.launch._host import HostInfo
 
 __all__ = [
     "AUTO_ORDER",
-    "FLEX_MAX_WINDOW_SHARE",
+    "FLEX_WINDOW_RULES",
     "IMPLEMENTATIONS",
     "CallSignature",
     "auto_skip",
@@ -167,14 +167,21 @@ def _fa_infeasible(name: str, sig: CallSignature, host: HostInfo | None) -> str 
     )
 
 
-#: The rule by which auto takes flex (block-sparse) over SDPA with a mask for a sliding window on
-#: CUDA/XPU: only when the window sees at most 1/FLEX_MAX_WINDOW_SHARE of the keys. It rests on two
-#: points measured on an H100 (torch 2.11, bf16, B4 H8 D64, benchmarks/README.md): 256 keys of
-#: 1024 were faster in SDPA with a mask (flex 0.91x forward, 0.69x with backward), 256 of 4096
-#: in flex (3.3x, 2.2x). The crossover between 1/4 and 1/16 is NOT measured (issue 29): set this
-#: from ``bench_attention.py --device cuda --seq 2048 --windows 127,255,511,1023`` (nanochat's S
-#: layers: 513 of 2048 keys, about 1/4) on a GPU; 8 is the value in force until then.
-FLEX_MAX_WINDOW_SHARE = 8
+#: When auto takes flex (block-sparse) over SDPA with a mask for a sliding window on CUDA/XPU.
+#: Each row is (least head dim, least keys Tk, N): a call whose head dim and Tk reach the row's
+#: takes flex for a window that sees at most 1/N of its keys; the first row that fits decides,
+#: and a call that fits none keeps SDPA. Measured on an H200 (torch 2.11, bf16, SDPA there is
+#: cuDNN's kernel with the mask; forward + backward, SDPA time / flex time, benchmarks/README.md):
+#: head dim 128, Tk 4096: 3.1x / 2.6x / 2.2x for windows of 1/8, 1/4, 1/2 of the keys; Tk 2048:
+#: 1.67x / 1.35x / 1.38x; Tk 1024: 1.32x at 1/8, 1.09x at 1/4 and 1/2 (forward alone 0.97x and
+#: 0.91x: not taken). Head dim 64 (B4 H8): Tk 2048 1.05x at 1/8 (forward 1.75x), 0.82x at 1/4;
+#: Tk 1024 0.49-0.67x. An H100 gave 2.2x for 256 of 4096 keys at head dim 64. nanochat's S layers
+#: (513 of 2048 keys, head dim 128) take flex: its model trained 1.27x faster per step.
+FLEX_WINDOW_RULES: tuple[tuple[int, int, int], ...] = (
+    (65, 2048, 2),
+    (65, 1024, 8),
+    (1, 2048, 8),
+)
 
 #: On CUDA, query lengths from 2 to this were not run through compiled flex: Tq 64 raised
 #: inductor's NoValidChoicesError (torch 2.11, GQA 8:2, D 64, bf16); Tq 1, 256, 1024, 4096 ran.
@@ -220,11 +227,14 @@ def auto_skip(name: str, sig: CallSignature) -> str | None:
                 "name it in DISTCOMPAT_ATTENTION to use it"
             )
         keys = sig.window[0] + 1
-        if keys * FLEX_MAX_WINDOW_SHARE > sig.tk:
+        share = next(
+            (n for dim, least, n in FLEX_WINDOW_RULES if sig.d_qk >= dim and sig.tk >= least), None
+        )
+        if share is None or keys * share > sig.tk:
+            won = "for no window" if share is None else f"only for windows up to 1/{share} of them"
             return (
-                f"a {keys}-key window is over 1/{FLEX_MAX_WINDOW_SHARE} of the {sig.tk} keys: too "
-                "few key blocks to skip (H100: 256 of 1024 keys, flex 0.91x of SDPA forward and "
-                "0.69x with backward; 256 of 4096, flex 3.3x and 2.2x faster)"
+                f"a {keys}-key window of {sig.tk} keys at head dim {sig.d_qk}: flex beat SDPA "
+                f"with a mask {won} (FLEX_WINDOW_RULES, measured on an H200)"
             )
     cpu_decode = sig.device_type == "cpu" and sig.tq == 1 and not sig.requires_grad
     if name == "sdpa" and cpu_decode and sig.dtype in _HALF:
