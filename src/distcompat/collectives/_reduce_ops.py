@@ -20,7 +20,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from distcompat.collectives._wire import Finish, UnsupportedCollectiveError, upcast_dtype
+from distcompat.collectives._wire import (
+    Finish,
+    UnsupportedCollectiveError,
+    chain,
+    stage_output,
+    upcast_dtype,
+)
 
 __all__ = ["PROBED_COLLECTIVES", "ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
 
@@ -95,6 +101,28 @@ class ReducePlan:
         if not self.has_finish:
             return None
         return lambda: self.finish(wire)
+
+    def staged_output(
+        self, tensor: torch.Tensor, *, in_place: bool
+    ) -> tuple[torch.Tensor, Finish | None]:
+        """Return ``(wire, settle)``: the transport's result buffer, and what settles it.
+
+        ``settle`` puts the result into ``tensor``: this plan's finish, then the copy back.
+        ``in_place`` (all_reduce, reduce onto this rank): the wire starts as ``tensor``'s values,
+        prepared (scaled, flipped) to be sent; else it only receives.
+
+        Example:
+            >>> avg = plan_reduction(dist.ReduceOp.AVG, torch.float32, world_size=2, backend="gloo")
+            >>> t = torch.tensor([3.0, 5.0])
+            >>> wire, settle = avg.staged_output(t, in_place=True)
+            >>> _ = wire.mul_(2)   # what a SUM over two equal ranks leaves in the wire
+            >>> settle(); t        # AVG as SUM, then divide
+            tensor([3., 5.])
+        """
+        wire, copy_back = stage_output(tensor, reduce=True, fill=in_place)
+        if in_place:
+            self.prepare_in_place(wire)
+        return wire, chain(self.finisher(wire), copy_back)
 
 
 def _kind(op: Any) -> tuple[Any, Any]:

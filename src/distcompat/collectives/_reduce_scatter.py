@@ -27,7 +27,7 @@ from distcompat.collectives._reduce_ops import (
     local_reduce,
 )
 from distcompat.collectives._reductions import plan_call
-from distcompat.collectives._wire import chain, stage_input, stage_output
+from distcompat.collectives._wire import stage_input
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
@@ -54,7 +54,7 @@ def _reduce_scatter_flat(
     async_op: bool,
 ) -> CompatWork | None:
     """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
-    wire, copy_back = stage_output(output, reduce=True)
+    wire, settle = plan.staged_output(output, in_place=False)
     out_flat = wire.view(-1)
     engine = (
         shm.engine_for(group, "reduce_scatter_tensor", flat_input)
@@ -69,11 +69,10 @@ def _reduce_scatter_flat(
             ),
             group,
             [output],
-            chain(plan.finisher(wire), copy_back),
+            settle,
             async_op,
         )
     if backend_for(group, output.device) == "nccl" and not plan.gather:
-        finish = chain(plan.finisher(wire), copy_back)
         return issue(
             "reduce_scatter_tensor",
             lambda a: reduce_scatter_flat(
@@ -81,15 +80,15 @@ def _reduce_scatter_flat(
             ),
             group,
             [output],
-            finish,
+            settle,
             async_op,
         )
     received = torch.empty_like(flat_input)  # row r: rank r's chunk for this rank
 
     def combine() -> None:
         out_flat.copy_(local_reduce(received.view(world_size, -1), plan.op))
-        plan.finish(wire)
-        copy_back()
+        if settle is not None:
+            settle()
 
     return issue(
         "all_to_all_single",

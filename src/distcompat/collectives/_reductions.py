@@ -13,6 +13,7 @@ The reduce-scatters are in ``_reduce_scatter``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, overload
 
 import torch
@@ -31,13 +32,16 @@ from distcompat.collectives._reduce_ops import (
     plan_fast,
     plan_reduction,
 )
-from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
+from distcompat.collectives._wire import Finish, stage_input
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
 __all__ = ["all_reduce", "plan_call", "reduce"]
 
 R = dist.ReduceOp
+
+#: What a route hands ``issue``: starts the transport (``async_op`` in), returns its Work or None.
+Transport = Callable[[bool], Any]
 
 
 def plan_call(
@@ -108,41 +112,37 @@ def all_reduce(
         >>> t
         tensor([True])
     """
-    done = _direct.allreduce(tensor, op, group, async_op)  # the common case, if it is one
+    done = _direct.allreduce(tensor, op, group, async_op)  # the common case, written out
     if done is not _direct.SKIP:
         return done
+    # Check: what the op means here, and that every rank calls the same.
     world_size = group_size(group)
     plan = plan_call(op, tensor, group, world_size, "all_reduce")
     if world_size == 1:
         plan.scale_in_place(tensor)  # what a reduction over one rank does (PREMUL_SUM scales)
         return done_if_async([tensor], async_op)
     verify("all_reduce", tensor, group, reduce_op=op)
-    wire, copy_back = stage_output(tensor, reduce=True, fill=True)
-    plan.prepare_in_place(wire)
+    # Route, then transport and settle (on completion: finish the shim, copy back).
+    wire, settle = plan.staged_output(tensor, in_place=True)
+    transport, settle = _all_reduce_route(wire, settle, plan, group)
+    return issue("all_reduce", transport, group, [tensor], settle, async_op)
+
+
+def _all_reduce_route(
+    wire: torch.Tensor, settle: Finish | None, plan: ReducePlan, group: Any
+) -> tuple[Transport, Finish | None]:
+    """Pick an all_reduce's transport, and what settles its result.
+
+    By gathering (the backend lacks the op), through shared memory (every rank on this
+    machine), or the backend's own all_reduce.
+    """
     if plan.gather:
-        return _reduce_by_gathering(
-            "all_reduce", wire, wire, copy_back, plan, group, async_op, [tensor]
-        )
-    finish = chain(plan.finisher(wire), copy_back)
+        return _by_gathering(wire, wire, settle, plan, group)
     engine = shm.engine_for(group, "all_reduce", wire) if shm.reduces(plan.op, wire.dtype) else None
-    if engine is not None:  # every rank on this machine: through shared memory, not the backend
+    if engine is not None:
         flat = wire.view(-1)
-        return issue(
-            "all_reduce",
-            lambda a: engine.run("all_reduce", engine.all_reduce(flat, plan.op), a),
-            group,
-            [tensor],
-            finish,
-            async_op,
-        )
-    return issue(
-        "all_reduce",
-        lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a),
-        group,
-        [tensor],
-        finish,
-        async_op,
-    )
+        return lambda a: engine.run("all_reduce", engine.all_reduce(flat, plan.op), a), settle
+    return lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a), settle
 
 
 @overload
@@ -206,47 +206,39 @@ def reduce(
     verify("reduce", tensor, group, reduce_op=op, root=dst if group_dst is None else group_dst)
     is_dst = is_root(group, dst, group_dst)
     target = root_kwargs("dst", dst, group_dst)
-    if plan.gather:
+    if plan.gather:  # every rank gathers; only the destination keeps the reduction
         source = plan.prepared(stage_input(tensor, reduce=True))
-        out_wire, out_done = (
-            stage_output(tensor, reduce=True, fill=True) if is_dst else (None, None)
-        )
-        return _reduce_by_gathering(
-            "reduce", source, out_wire, out_done, plan, group, async_op, [tensor]
-        )
+        out, settle = plan.staged_output(tensor, in_place=False) if is_dst else (None, None)
+        transport, settle = _by_gathering(source, out, settle, plan, group)
+        return issue("reduce", transport, group, [tensor], settle, async_op)
     if is_dst:
-        wire, copy_back = stage_output(tensor, reduce=True, fill=True)
-        plan.prepare_in_place(wire)
-        finish = chain(plan.finisher(wire), copy_back)
+        wire, settle = plan.staged_output(tensor, in_place=True)
     else:
-        wire = plan.prepared(stage_input(tensor, reduce=True))
+        wire, settle = plan.prepared(stage_input(tensor, reduce=True)), None
         if wire.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
             wire = wire.clone()  # the backend scribbles on non-destination buffers
-        finish = None
     return issue(
         "reduce",
         lambda a: dist.reduce(wire, op=plan.op, group=group, async_op=a, **target),
         group,
         [tensor],
-        finish,
+        settle,
         async_op,
     )
 
 
-def _reduce_by_gathering(
-    op: str,
+def _by_gathering(
     source: torch.Tensor,
     target: torch.Tensor | None,
-    copy_back: Finish | None,
+    settle: Finish | None,
     plan: ReducePlan,
     group: Any,
-    async_op: bool,
-    result: Any,
-) -> CompatWork | None:
-    """Reduce with an op the backend lacks: all-gather every rank's ``source``, reduce locally.
+) -> tuple[Transport, Finish]:
+    """Transport for an op the backend lacks: all-gather every rank's ``source``, reduce here.
 
-    ``target`` (None on ranks that keep no result) receives the reduction; world_size times the
-    memory and bytes of the native op, which is why it is only used where there is none.
+    ``target`` (None on ranks that keep no result) receives the reduction, then ``settle`` runs;
+    world_size times the memory and bytes of the native op, which is why it is only used where
+    there is none.
     """
     world_size = group_size(group)
     flat = source.reshape(-1)
@@ -256,15 +248,7 @@ def _reduce_by_gathering(
         if target is None:
             return
         target.view(-1).copy_(local_reduce(gathered.view(world_size, -1), plan.op))
-        plan.finish(target)
-        if copy_back is not None:
-            copy_back()
+        if settle is not None:
+            settle()
 
-    return issue(
-        op,
-        lambda a: all_gather_flat(gathered, flat, group=group, async_op=a),
-        group,
-        result,
-        combine,
-        async_op,
-    )
+    return lambda a: all_gather_flat(gathered, flat, group=group, async_op=a), combine
