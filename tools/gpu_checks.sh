@@ -6,12 +6,13 @@
 # nanochat.log, and the files they generate (eight in all: the most the device tool brings back).
 #
 #     OUT=gpu-out bash tools/gpu_checks.sh            # everything: 202 s on an H100 before the
-#                                                     # nanochat step (limit 300 s, not yet run)
+#                                                     # nanochat step (59-87 s on an H200)
 #     bash tools/gpu_checks.sh tests caps             # only the named steps
 #     ATTENTION_ARGS="--seq 4096 --dtypes bfloat16" bash tools/gpu_checks.sh attention
 #     ATTENTION_LIMIT=400 ATTENTION_ARGS="--seq 2048 --windows 127,255,511,1023 --dtypes bfloat16 \
 #         --dispatch-calls 2000" bash tools/gpu_checks.sh attention   # issue 29: flex crossover
 #     bash tools/gpu_checks.sh env nanochat           # issue 29: distcompat vs direct SDPA training
+#     NANOCHAT_ARGS=--profile bash tools/gpu_checks.sh nanochat   # plus each variant's top kernels
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
