@@ -171,9 +171,9 @@ def two_node_argv(
     return ctx.nodes.exec_in(node, torchrun + payload)
 
 
-def node_env(ctx: Context, node: int, *, ifname: bool = True) -> dict[str, str]:
+def node_env(ctx: Context, node: int, *, ifname: bool = True, shm: bool = False) -> dict[str, str]:
     """The environment on node ``node``, with ``GLOO_SOCKET_IFNAME`` its veth unless told not,
-    and the shared-memory path off.
+    and the shared-memory path off unless ``shm`` (then distcompat's default, ``auto``, decides).
 
     Without it, ``EXPECT_IFNAME_VAR`` tells the probe which interface init should pick itself.
     """
@@ -182,7 +182,8 @@ def node_env(ctx: Context, node: int, *, ifname: bool = True) -> dict[str, str]:
     # The namespace nodes stand in for two machines, but they share this one's boot id, pid
     # namespace and /dev/shm, so distcompat would rightly join their ranks through shared
     # memory: off keeps the collectives on the veth, as between real hosts (and under its faults).
-    env["DISTCOMPAT_SHM"] = "off"
+    if not shm:
+        env["DISTCOMPAT_SHM"] = "off"
     if ifname:
         env["GLOO_SOCKET_IFNAME"] = ctx.nodes.interfaces[node]
     else:
@@ -192,14 +193,20 @@ def node_env(ctx: Context, node: int, *, ifname: bool = True) -> dict[str, str]:
 
 
 def start_two_nodes(
-    ctx: Context, payload: list[str], *, per_node: int, ifname: bool = True, tag: str = "launch"
+    ctx: Context,
+    payload: list[str],
+    *,
+    per_node: int,
+    ifname: bool = True,
+    shm: bool = False,
+    tag: str = "launch",
 ) -> list[procs.Job]:
     """Start ``payload`` under torchrun on both nodes; logs ``<tag>-node<K>.log``."""
     run_id = f"{tag}{time.monotonic_ns() % 10**9}"
     return [
         procs.start(
             two_node_argv(ctx, node, run_id, payload, per_node),
-            env=node_env(ctx, node, ifname=ifname),
+            env=node_env(ctx, node, ifname=ifname, shm=shm),
             log=ctx.work / f"{tag}-node{node}.log",
             cwd=ctx.work,
         )

@@ -7,7 +7,8 @@ exact all-reduced gradient of the whole world and check the collective's answer.
 ``DIR/stop`` and sends the stop flag inside the step's all_reduce, so all ranks stop at the same
 step. Each rank writes ``DIR/progress-<R>`` (its last finished step) after every step, and at
 the end ``DIR/rank-<R>.json``: ``{"ok": ..., "steps": ..., "longest_step_s": ...}`` or, when a
-collective failed, the typed error (class, peer, message) and the wall time it was raised at.
+collective failed, the typed error (class, peer, message), the wall time it was raised at and
+the count of wrong all-reduces until then.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ def train(out: Path, timeout: float) -> dict[str, Any]:
             "message": str(exc)[:400],
             "raised_at": time.time(),
             "steps": step,
+            "wrong_steps": wrong,
         }
     distcompat.destroy_distributed()
     agree = all(f == finals[0] for f in finals)

@@ -8,6 +8,9 @@
 * ``partition``: the drop stays; both ranks must raise a typed distcompat error
   (``CollectiveTimeoutError`` or ``PeerLostError``) naming the other rank within the group
   timeout + 10 s of the cut.
+* ``store-partition``: with every distcompat default on, only the rendezvous stores' TCP ports
+  are cut between the nodes, for good; training goes on, and the first call that needs the
+  store ends in a typed error on both ranks within the group timeout + 10 s.
 * ``doctor-ifname``: ``distcompat doctor`` on both nodes warns (a ``PITFALL`` line) about gloo
   when ``GLOO_SOCKET_IFNAME`` is unset, and does not when it is set.
 """
@@ -15,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import procs
-from cases import HERE, Context, start_two_nodes
+from cases import HERE, RDZV_PORT, Context, start_two_nodes
 from verdict import Verdict
 
 FAULT_TRAIN = HERE / "fault_train.py"
@@ -73,14 +77,88 @@ def _results(work: Path) -> dict[int, dict[str, Any]]:
     return found
 
 
-def _train(ctx: Context, tag: str) -> list[procs.Job]:
+def _train(ctx: Context, tag: str, *, shm: bool = False) -> list[procs.Job]:
     payload = [str(FAULT_TRAIN), "--out", str(ctx.work), "--timeout", str(GROUP_TIMEOUT_S)]
-    return start_two_nodes(ctx, payload, per_node=1, tag=tag)
+    return start_two_nodes(ctx, payload, per_node=1, shm=shm, tag=tag)
+
+
+def _worker(job: procs.Job) -> int:
+    """The pid of the rank torchrun ``job`` started (the process below it with ``RANK`` set)."""
+    todo = [job.process.pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(pid) for pid in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for child in children:
+                if "RANK" in _environ(child):
+                    return child
+            todo += children
+    raise FaultAborted(f"no rank found under torchrun ({job.log.name})")
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    items = (item.decode(errors="replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in items}
+
+
+def _maps_shared_memory(pid: int) -> bool:
+    """Whether process ``pid`` has distcompat's shared-memory segment mapped (its path engaged)."""
+    try:
+        return "/dev/shm/distcompat-shm-" in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
 
 
 def _tails(jobs: list[procs.Job]) -> str:
     ends = [procs.Finished(returncode=j.process.poll(), log=j.log, seconds=0.0) for j in jobs]
     return "; ".join(f"node {k}: {f.tail(2)}" for k, f in enumerate(ends))
+
+
+def _wait_for_results(work: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while len(_results(work)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+def _judge_errors(
+    results: dict[int, dict[str, Any]],
+    *,
+    since: float,
+    limit: float,
+    tails: str,
+    may_name_none: tuple[int, ...] = (),
+) -> tuple[list[str], list[str]]:
+    """Check that each rank raised a typed error within ``limit`` s of ``since`` (wall time),
+    naming the other rank (or no rank, for ranks in ``may_name_none``); return (seen, problems).
+    """
+    seen, problems = [], []
+    for rank in (0, 1):
+        result = results.get(rank)
+        if result is None:
+            problems.append(f"rank {rank} reported nothing within {limit + 20:.0f} s: {tails}")
+            continue
+        error, peer = result.get("error"), result.get("peer")
+        after = float(result.get("raised_at", since)) - since
+        where = re.search(r"\bin the ([\w -]+? of \w+)", str(result.get("message", "")))
+        named = "naming no rank" if peer is None else f"naming rank {peer}"
+        seen.append(
+            f"rank {rank} {error} {named} after {after:.1f} s"
+            + (f" (in the {where.group(1)})" if where else "")
+        )
+        if error not in ("CollectiveTimeoutError", "PeerLostError"):
+            problems.append(f"rank {rank} ended without a typed error: {result}")
+        elif peer != 1 - rank and not (peer is None and rank in may_name_none):
+            problems.append(f"rank {rank} named peer {peer}, not {1 - rank}")
+        elif after > limit:
+            problems.append(f"rank {rank} raised after {after:.1f} s > timeout + 10 = {limit:.0f}")
+    return seen, problems
 
 
 def drop_5s(ctx: Context) -> Verdict:
@@ -134,9 +212,7 @@ def partition(ctx: Context) -> Verdict:
         _wait_for_steps(ctx.work, jobs, WARM_STEPS, START_TIMEOUT_S)
         cut_at = time.time()
         ctx.nodes.block(1)
-        deadline = time.monotonic() + limit + 20  # past the bound, to measure a late report
-        while len(_results(ctx.work)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.2)
+        _wait_for_results(ctx.work, limit + 20)  # past the bound, to measure a late report
     except FaultAborted as exc:
         return Verdict(ok=False, line=f"FAIL {exc}: {_tails(jobs)}")
     finally:
@@ -145,27 +221,82 @@ def partition(ctx: Context) -> Verdict:
             procs.stop(job)  # torchrun's agents would linger for their rendezvous keep-alive
         ctx.nodes.unblock(1)
     seconds = time.monotonic() - started
-    results = _results(ctx.work)
-    seen, problems = [], []
-    for rank in (0, 1):
-        result = results.get(rank)
-        if result is None:
-            problems.append(f"rank {rank} reported nothing within {limit + 20:.0f} s: {tails}")
-            continue
-        error = result.get("error")
-        after = float(result.get("raised_at", cut_at)) - cut_at
-        seen.append(f"rank {rank} {error} naming rank {result.get('peer')} after {after:.1f} s")
-        if error not in ("CollectiveTimeoutError", "PeerLostError"):
-            problems.append(f"rank {rank} ended without a typed error: {result}")
-        elif result.get("peer") != 1 - rank:
-            problems.append(f"rank {rank} named peer {result.get('peer')}, not {1 - rank}")
-        elif after > limit:
-            problems.append(f"rank {rank} raised after {after:.1f} s > timeout + 10 = {limit:.0f}")
+    seen, problems = _judge_errors(_results(ctx.work), since=cut_at, limit=limit, tails=tails)
     if problems:
         return Verdict(ok=False, line=f"FAIL {'; '.join(problems)} ({seconds:.1f} s)")
     return Verdict(
         ok=True,
         line=f"pass (2 ranks, {seconds:.1f} s; {'; '.join(seen)}; limit {limit:.0f} s)",
+    )
+
+
+def store_partition(ctx: Context) -> Verdict:
+    """A store-only partition: the steps that need no store go on; the first that does fails
+    typed on both ranks within the group timeout + 10 s.
+
+    Both ranks train with every distcompat default (shared memory ``auto``, the mismatch check
+    on, the watchdog's default); at step ``WARM_STEPS`` node 1 drops every TCP packet to or from
+    the workers' store (``MASTER_PORT``, read from rank 1's environment) and torchrun's own
+    rendezvous store (``RDZV_PORT``). Both are served on node 0 by its torchrun agent, so node 0
+    still reaches them; every other connection, gloo's pairs included, keeps working. Cutting
+    ``MASTER_PORT`` alone is not enough to judge rank 1: when rank 0 ends, node 0's agent exits,
+    its rendezvous store closes, and node 1's agent SIGTERMs rank 1 within a second (seen).
+
+    What a user should see, and what is asserted:
+
+    * The cut goes unnoticed while no call needs the store: a training step repeats an agreed
+      collective, which the mismatch check lets through without a store request. Both ranks
+      must finish ``WARM_STEPS`` more steps after the cut, every all-reduce right.
+    * The job cannot end normally while the cut lasts: its final ``all_gather_object`` is a new
+      signature, which the mismatch check posts through the store. That call must end on both
+      ranks with a typed error (``CollectiveTimeoutError`` or ``PeerLostError``) within the
+      group timeout + 10 s of the stop, not hang: rank 0 (which reaches the store) names rank
+      1, whose post never came; rank 1 cannot read the store that says who is missing, so it
+      may name no rank, but never a wrong one.
+
+    With ``auto``, the nodes' steps go through shared memory (they share this machine's
+    ``/dev/shm``), which the verdict reports; gloo carries the final call.
+    """
+    assert ctx.nodes is not None
+    started = time.monotonic()
+    limit = GROUP_TIMEOUT_S + DETECTION_SLACK_S
+    jobs = _train(ctx, "store-partition", shm=True)
+    try:
+        _wait_for_steps(ctx.work, jobs, WARM_STEPS, START_TIMEOUT_S)
+        worker = _worker(jobs[1])
+        port = int(_environ(worker).get("MASTER_PORT", "0"))
+        if not port:
+            raise FaultAborted(f"rank 1 (pid {worker}) has no MASTER_PORT")
+        shared = _maps_shared_memory(worker)
+        ctx.nodes.block(1, ports=(port, RDZV_PORT))
+        cut_step = max(_progress(ctx.work, r) for r in (0, 1))
+        _wait_for_steps(ctx.work, jobs, cut_step + WARM_STEPS, GROUP_TIMEOUT_S)
+        stop_at = time.time()
+        (ctx.work / "stop").touch()
+        _wait_for_results(ctx.work, limit + 20)  # past the bound, to measure a late report
+    except FaultAborted as exc:
+        return Verdict(ok=False, line=f"FAIL {exc}: {_tails(jobs)}")
+    finally:
+        tails = _tails(jobs)
+        for job in jobs:
+            procs.stop(job)  # node 1's agent sits in a request to the cut rendezvous store
+        ctx.nodes.unblock(1)
+    seconds = time.monotonic() - started
+    results = _results(ctx.work)
+    seen, problems = _judge_errors(
+        results, since=stop_at, limit=limit, tails=tails, may_name_none=(1,)
+    )
+    for rank, result in sorted(results.items()):
+        if result.get("wrong_steps", 0):
+            problems.append(f"rank {rank}: {result['wrong_steps']} all-reduces wrong")
+    if problems:
+        return Verdict(ok=False, line=f"FAIL {'; '.join(problems)} ({seconds:.1f} s)")
+    path = "shared memory" if shared else "gloo"
+    return Verdict(
+        ok=True,
+        line=f"pass (2 ranks, {seconds:.1f} s; ports {port} and {RDZV_PORT} cut at step "
+        f"{cut_step}, {WARM_STEPS}+ steps on through {path}, every all-reduce right; after the "
+        f"stop: {'; '.join(seen)}; limit {limit:.0f} s)",
     )
 
 
@@ -214,5 +345,6 @@ def doctor_ifname(ctx: Context) -> Verdict:
 FAULTS = (
     Fault(name="drop-5s", run=drop_5s),
     Fault(name="partition", run=partition),
+    Fault(name="store-partition", run=store_partition),
     Fault(name="doctor-ifname", run=doctor_ifname),
 )

@@ -3,6 +3,7 @@
     with TwoNodes.create() as nodes:                 # removed again on exit, also after errors
         argv = nodes.exec_in(1, ["torchrun", ...])   # run a command on node 1
         nodes.block(1)                               # nftables: drop all traffic on node 1's veth
+        nodes.block(1, ports=(29400,))              # or only these TCP ports, both ways
         nodes.unblock(1)
 
 Traffic only ever flows between the two namespaces this creates (10.77.0.1 and 10.77.0.2, a
@@ -75,13 +76,21 @@ class TwoNodes:
         """``argv`` prefixed so that it runs inside node ``node``'s namespace."""
         return ["ip", "netns", "exec", self.namespaces[node], *argv]
 
-    def block(self, node: int) -> None:
-        """Drop every packet in and out of node ``node``'s veth (its link to the other node)."""
+    def block(self, node: int, *, ports: Sequence[int] = ()) -> None:
+        """Drop every packet in and out of node ``node``'s veth (its link to the other node).
+
+        With ``ports``, only TCP packets to or from those ports (services on either node, say
+        the rendezvous stores); every other connection over the veth keeps working.
+        """
         interface = self.interfaces[node]
+        listed = ", ".join(str(port) for port in ports)
+        matches = [f"tcp dport {{ {listed} }} ", f"tcp sport {{ {listed} }} "] if ports else [""]
+        inbound = " ".join(f"iifname {interface} {match}drop;" for match in matches)
+        outbound = " ".join(f"oifname {interface} {match}drop;" for match in matches)
         rules = (
             f"table inet {_TABLE} {{\n"
-            f"  chain input {{ type filter hook input priority 0; iifname {interface} drop; }}\n"
-            f"  chain output {{ type filter hook output priority 0; oifname {interface} drop; }}\n"
+            f"  chain input {{ type filter hook input priority 0; {inbound} }}\n"
+            f"  chain output {{ type filter hook output priority 0; {outbound} }}\n"
             "}\n"
         )
         _ip(*self.exec_in(node, ["nft", "-f", "-"]), stdin=rules)
