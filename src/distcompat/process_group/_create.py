@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import DistInfo, keep_rendezvous
-from distcompat.collectives._peers import publish as publish_identity
 from distcompat.launch import LaunchEnv
 from distcompat.launch._host import probe_host
 from distcompat.launch._placement import (
@@ -31,6 +30,16 @@ __all__ = ["DistInitError", "adopt_group", "create_group", "single_process"]
 
 class DistInitError(RuntimeError):
     """The process group cannot be created from what the launcher environment says."""
+
+
+def _publish_identity() -> None:
+    """Write this rank's identity to the group's store, so a lost peer can be named."""
+    # Imported by the first group, not with this module: any collectives module brings the whole
+    # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
+    # pay for (issue 28); a program that makes a group goes on to use it.
+    from distcompat.collectives._peers import publish
+
+    publish()
 
 
 def _bind(choice: DeviceChoice) -> None:
@@ -86,7 +95,7 @@ def adopt_group(
         device = "cuda" if "nccl" in backend else "xpu" if "xccl" in backend else "cpu"
     chosen = resolve_device(device, local_rank=local_rank, env=launch, host=probe_host())
     _bind(chosen)
-    publish_identity()
+    _publish_identity()
     if timeout is None:
         group_timeout, timeout_reason = None, "unknown: the adopted group keeps its owner's timeout"
     else:
@@ -164,7 +173,7 @@ def create_group(
         timeout=waited.timeout,
         device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
     )
-    publish_identity()  # so a lost peer can be named in groups larger than two
+    _publish_identity()  # so a lost peer can be named in groups larger than two
     return DistInfo(
         rank=launch.rank,
         local_rank=launch.local_rank,

@@ -31,6 +31,8 @@ This is the layer that wires the others together (docs/architecture.md): it asks
 the placement and the watchdog setting, publishes this rank's identity for ``collectives`` to
 name lost peers, logs launch pitfalls and starts the watchdog from ``diagnostics``. The group
 itself is made in ``_create``; the rank queries read the record kept in ``distcompat._ranks``.
+``diagnostics`` and ``collectives`` are imported by the first init, not with this module, so that
+reaching ``distcompat.init_distributed`` costs about what ``import torch`` costs.
 """
 
 from __future__ import annotations
@@ -42,16 +44,12 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.distributed as dist
 
 from distcompat._ranks import DistInfo, group_active, record
-from distcompat.diagnostics import Watchdog, log_launch_pitfalls
-from distcompat.diagnostics import watchdog as make_watchdog
-from distcompat.diagnostics._exit import failure_seen, forget_failures
-from distcompat.diagnostics._exit import install as install_exit_guard
 from distcompat.launch import LaunchEnv
 from distcompat.launch._settings import WatchdogChoice, choose_mismatch_check, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
@@ -60,13 +58,14 @@ from distcompat.process_group._environ import (
     bind_gloo_interface,
     export_torchrun_contract,
 )
-from distcompat.rank_logging import get_logger
+
+if TYPE_CHECKING:  # the diagnostics are imported by init_distributed (see there)
+    from distcompat.diagnostics import Watchdog
 
 __all__ = ["destroy_distributed", "distributed_session", "init_distributed"]
 
 
 WatchdogArg = float | Literal[False] | None
-_LOG = get_logger("distcompat.process_group", prefix=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +164,15 @@ def init_distributed(
                     stacklevel=2,
                 )
             return _current.info
+    # Imported by the first init, not with this module: the diagnostics import the collectives
+    # face they watch (shm, agree, direct), and `import distcompat.process_group` (what
+    # `distcompat.init_distributed` imports) stays within 1.05x of `import torch` (issue 28).
+    # Everything they install (exit guard, watchdog hooks, teardown) is installed below.
+    from distcompat.diagnostics import log_launch_pitfalls
+    from distcompat.diagnostics._exit import forget_failures
+    from distcompat.diagnostics._exit import install as install_exit_guard
+    from distcompat.rank_logging import get_logger
+
     launch = env if env is not None else LaunchEnv.from_environ()
     choose_watchdog(watchdog, group_timeout=None)  # a bad DISTCOMPAT_WATCHDOG fails before init
     if not group_active():
@@ -194,7 +202,9 @@ def init_distributed(
             atexit.register(_destroy_at_exit)
             _exit_registered = True
     _current = _Lifecycle(info=info, request=request, watchdog=started, environ=writes)
-    _LOG.info("distcompat: %s; watchdog %s", info.summary, info.watchdog_reason.split(":")[0])
+    get_logger("distcompat.process_group", prefix=False).info(
+        "distcompat: %s; watchdog %s", info.summary, info.watchdog_reason.split(":")[0]
+    )
     return info
 
 
@@ -204,6 +214,9 @@ def _watch(info: DistInfo, choice: WatchdogChoice) -> tuple[Watchdog | None, Dis
         return None, replace(info, watchdog_reason="none: one process, no collective to watch")
     if choice.seconds is None:
         return None, replace(info, watchdog_reason=choice.reason)
+    # init_distributed imported the diagnostics already (it says why they are late)
+    from distcompat.diagnostics import watchdog as make_watchdog
+
     started = make_watchdog(choice.seconds, action=choice.action).start()
     covers = started.why()
     return started, replace(info, watchdog_reason=f"{choice.reason}; covers {covers}")
@@ -239,6 +252,9 @@ def destroy_distributed() -> None:
         state.environ.withdraw()  # the variables init set, where they still hold its values
     if state is None or state.info.adopted or not state.info.has_group:
         return
+    # init_distributed imported the diagnostics already (it says why they are late)
+    from distcompat.diagnostics._exit import failure_seen
+
     failed = failure_seen()
     if failed is not None:
         logging.getLogger("distcompat.process_group").warning(
