@@ -7,7 +7,10 @@ distcompat.testing.run_on_ranks (the rank bodies are the module-level ``_rank_*`
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import distcompat
 from distcompat.checkpoint import (
     CheckpointCorruptError,
     CheckpointExistsError,
@@ -28,6 +32,7 @@ from distcompat.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from distcompat.collectives import PeerLostError
 from distcompat.testing import RankFailedError
 
 Runner = Callable[..., list[Any]]
@@ -244,6 +249,62 @@ def test_save_from_some_ranks_only_fails_fast_naming_the_missing(
     message = str(caught.value.exception)
     assert expected in message
     assert "never inside `if rank == 0:`" in message
+    assert committed_steps(tmp_path) == []
+
+
+def _rank_save_late(root: str, late_s: float, dump_dir: str) -> list[str] | None:
+    """The last rank reaches the save late; the others' arrival wait is reported, then all save."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with distcompat.watchdog(timeout=1.0, action="report", dump_dir=dump_dir) as watching:
+        # a recorded call: the watchdog charges a wait without a record of its own to the newest
+        distcompat.all_reduce(torch.ones(1))
+        if rank == world - 1:
+            time.sleep(late_s)
+        save_checkpoint(root, 1, _state(1, rank), timeout=30.0)
+        report = watching.last_report
+    if rank != 0:
+        return None
+    assert report is not None, "no hang report"
+    return [state.phase if state is not None else "no answer" for state in report.states.values()]
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_the_arrival_wait_is_watched(tmp_path: Path, run_on_ranks: Runner, world_size: int) -> None:
+    phases, *_ = run_on_ranks(
+        _rank_save_late, world_size, args=(str(tmp_path / "ckpt"), 2.5, str(tmp_path)), timeout=60
+    )
+    waiting = "in the checkpoint arrival of save_checkpoint(step=1)"
+    assert phases == [waiting] * (world_size - 1) + [""], phases  # the late rank waits nowhere
+    assert committed_steps(tmp_path / "ckpt") == [1]
+
+
+def _rank_save_killed(root: str, record: str) -> None:
+    """The last rank dies before the save; the others' arrival ends with PeerLostError at once."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    started = time.monotonic()
+    try:
+        save_checkpoint(root, 1, _state(1, rank), timeout=30.0)
+        seen: dict[str, Any] = {"error": "none"}
+    except PeerLostError as exc:
+        seen = {"error": type(exc).__name__, "peers": list(exc.peers), "message": str(exc)}
+    seen["after_s"] = time.monotonic() - started
+    Path(f"{record}.rank{rank}").write_text(json.dumps(seen))
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_rank_killed_before_the_save_is_named_at_once(
+    tmp_path: Path, run_on_ranks: Runner, world_size: int
+) -> None:
+    record = tmp_path / "seen"
+    with pytest.raises(RankFailedError):  # the victim died, by design
+        run_on_ranks(_rank_save_killed, world_size, args=(str(tmp_path), str(record)), timeout=30)
+    for rank in range(world_size - 1):
+        seen = json.loads(Path(f"{record}.rank{rank}").read_text())
+        assert seen["error"] == "PeerLostError", seen
+        assert seen["peers"] == [world_size - 1], seen
+        assert seen["after_s"] < 3.0, seen
     assert committed_steps(tmp_path) == []
 
 

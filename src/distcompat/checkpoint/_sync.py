@@ -1,12 +1,13 @@
 """The collectives of one distributed save: a bounded arrival check, then small object gathers.
 
 Every save runs, on every rank and in this order: ``arrive`` (point-to-point tokens to and from
-rank 0, each wait bounded by the save's own timeout, so a save called from one rank only fails in
-seconds and rank 0 names the ranks that never came, instead of hanging until the process-group
-timeout), then three small object gathers carrying the plan, each rank's write result, and rank
-0's commit result. Because every rank reports success *or* its error in those gathers, a rank
-that fails to write never leaves the others waiting. Without a process group (or at world size 1)
-each function here is the identity.
+rank 0, waited on as every wait on peers is, by ``collectives._wait.until``, but bounded by the
+save's own timeout: a save called from one rank only fails in seconds and rank 0 names the ranks
+that never came, instead of hanging until the process-group timeout; the watchdog sees the wait
+as "the checkpoint arrival of save_checkpoint(step=N)"), then three small object gathers
+carrying the plan, each rank's write result, and rank 0's commit result. Because every rank
+reports success *or* its error in those gathers, a rank that fails to write never leaves the
+others waiting. Without a process group (or at world size 1) each function here is the identity.
 
 The tokens and gathers use CPU tensors, so they run on gloo: the default group when it is gloo,
 else a gloo side group made on the first save (every rank must make that first save together, as
@@ -15,7 +16,9 @@ with any collective; this path is not exercised by the CPU-only test suite).
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -26,6 +29,8 @@ import torch.distributed as dist
 from distcompat._ranks import get_world_size
 from distcompat.checkpoint._errors import CheckpointSyncError
 from distcompat.collectives import all_gather_object
+from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, translate
+from distcompat.collectives._wait import Aside, Wait, until
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
 
@@ -55,39 +60,79 @@ class SaveGroup:
     def arrive(self, what: str, timeout_s: float) -> None:
         """Wait, at most ``timeout_s``, until every rank has called the same save.
 
-        Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 waits for every
-        token against one deadline, so it can name the ranks that never came. Point-to-point
-        ``Work.wait(timeout)`` is bounded on both sides (``monitored_barrier`` is not: a rank > 0
-        whose rank 0 never arrives hangs in it on torch 2.13 gloo).
+        Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 takes the
+        tokens as they come, so it can name the ranks that never came, then replies. The exchange
+        blocks on a helper thread (gloo's point-to-point wait cannot be sliced: ``_wait.Aside``)
+        while this thread waits in ``_wait.until`` ("in the checkpoint arrival of <what>"):
+        watched, :class:`PeerLostError` at once for a peer process that ended, and at
+        ``timeout_s`` :class:`CheckpointSyncError` naming who never came. (``monitored_barrier``
+        is no substitute: a rank > 0 whose rank 0 never arrives hangs in it on torch 2.13 gloo.)
         """
         if not self.active:
             return
-        token = torch.zeros(1)
-        deadline = time.monotonic() + timeout_s
-        if self.rank == 0:
-            pending = {
-                peer: dist.irecv(torch.zeros(1), src=peer, group=self.group, tag=_ARRIVE_TAG)
-                for peer in range(1, self.world_size)
-            }
-            missing: list[int] = []
-            for peer, work in pending.items():
-                if not _wait(work, deadline):
-                    missing.append(peer)
-            if missing:
-                raise CheckpointSyncError(
-                    f"{what} on rank 0: rank(s) {', '.join(map(str, missing))} of "
-                    f"{self.world_size} did not call it within {timeout_s:g}s. {_EVERY_RANK}"
-                )
-            for peer in range(1, self.world_size):
+        started = time.monotonic()
+        gave_up = threading.Event()  # a helper left behind by a failed arrival does no more
+        done: set[int] = set()  # rank 0: ranks whose token came; then those that had the reply
+        peers = range(1, self.world_size)  # the save's groups hold every rank: group = global
+
+        def exchange() -> None:
+            token = torch.zeros(1)
+            if self.rank > 0:
+                dist.send(token, dst=0, group=self.group, tag=_ARRIVE_TAG)
+                if not gave_up.is_set():
+                    dist.recv(token, src=0, group=self.group, tag=_ARRIVE_TAG)
+                return
+            while len(done) < len(peers) and not gave_up.is_set():
+                done.add(dist.recv(torch.zeros(1), group=self.group, tag=_ARRIVE_TAG))
+            done.clear()
+            for peer in peers:
                 dist.send(token, dst=peer, group=self.group, tag=_ARRIVE_TAG)
-            return
-        sent = dist.isend(token, dst=0, group=self.group, tag=_ARRIVE_TAG)
-        reply = dist.irecv(torch.zeros(1), src=0, group=self.group, tag=_ARRIVE_TAG)
-        if not (_wait(sent, deadline) and _wait(reply, deadline)):
-            raise CheckpointSyncError(
-                f"{what} on rank {self.rank}: rank 0 did not call it within {timeout_s:g}s "
-                f"(or another rank did not, and rank 0 gave up). {_EVERY_RANK}"
+                done.add(peer)
+
+        def missing() -> tuple[int, ...]:
+            return (0,) if self.rank > 0 else tuple(p for p in peers if p not in done)
+
+        late = self._late(what, timeout_s, missing)
+        wait = Wait(
+            op=what,
+            phase="checkpoint arrival",
+            group=self.group,
+            started=started,
+            deadline=started + timeout_s,
+            awaited=missing,
+            late=late,
+        )
+        try:
+            until(Aside(exchange).ready, wait)
+        except (CollectiveError, CheckpointSyncError):
+            raise
+        except RuntimeError as exc:  # the helper's gloo call: a peer went away, or timed out
+            error = translate(exc, what, self.group)
+            if isinstance(error, CollectiveTimeoutError):  # the group's timeout came first
+                raise late(error) from exc
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            gave_up.set()
+
+    def _late(
+        self, what: str, timeout_s: float, missing: Callable[[], tuple[int, ...]]
+    ) -> Callable[[CollectiveTimeoutError], CheckpointSyncError]:
+        """Return the error of an arrival that ran out of time, naming the ranks not seen."""
+
+        def late(error: CollectiveTimeoutError) -> CheckpointSyncError:
+            if self.rank > 0:
+                return CheckpointSyncError(
+                    f"{what} on rank {self.rank}: rank 0 did not call it within {timeout_s:g}s "
+                    f"(or another rank did not, and rank 0 gave up). {_EVERY_RANK}"
+                )
+            return CheckpointSyncError(
+                f"{what} on rank 0: rank(s) {', '.join(map(str, missing()))} of "
+                f"{self.world_size} did not call it within {timeout_s:g}s. {_EVERY_RANK}"
             )
+
+        return late
 
     def gather(self, value: Any) -> list[Any]:
         """Return every rank's ``value``, in rank order (``[value]`` without a group).
@@ -101,18 +146,6 @@ class SaveGroup:
         everyone: list[Any] = [None] * self.world_size
         all_gather_object(everyone, value, group=self.group)
         return everyone
-
-
-def _wait(work: dist.Work | None, deadline: float) -> bool:
-    """Wait for ``work`` until ``deadline`` (monotonic seconds); False if it did not complete."""
-    if work is None:  # torch returns None for a rank outside the group: nothing to wait for
-        return True
-    left = max(deadline - time.monotonic(), 0.001)
-    try:
-        work.wait(timedelta(seconds=left))
-    except RuntimeError:  # gloo: "Timed out waiting ...", or the pair closed after a timeout
-        return False
-    return True
 
 
 def _alone(what: str) -> SaveGroup | None:

@@ -7,6 +7,13 @@ tensors go through a host copy: gloo's send and recv hand the tensor's memory to
 host memory, and a CUDA pointer kills the process (``writev: Bad address``, measured on an H100
 with torch 2.11, docs/capabilities_gloo_cuda.md).
 
+A blocking ``send``/``recv`` on gloo waits on its peer (a send until the peer posts the receive)
+as a collective does, through :func:`~distcompat.collectives._wait.until` ("in the backend wait
+of recv"): watched, a lost peer raises :class:`PeerLostError` within a slice, and the group's
+timeout raises :class:`CollectiveTimeoutError` naming the peer. gloo's point-to-point wait cannot
+be sliced (a timed wait that runs out closes the group's pairs), so the call blocks on a helper
+thread (:class:`~distcompat.collectives._wait.Aside`) while the caller waits for it.
+
 ``P2POp`` accepts distcompat's ``isend``/``irecv`` as well as torch's (torch's own ``P2POp``
 rejects any function but its own, so ``dist.P2POp(dist.isend, ...)`` failed under the drop-in
 ``distcompat.distributed``), and ``batch_isend_irecv`` returns :class:`CompatWork` handles.
@@ -14,16 +21,24 @@ rejects any function but its own, so ``dist.P2POp(dist.isend, ...)`` failed unde
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import typed_errors
-from distcompat.collectives._group import backend_for, group_size, root_kwargs
+from distcompat.collectives._group import (
+    backend_for,
+    global_rank,
+    group_size,
+    group_timeout_s,
+    root_kwargs,
+)
 from distcompat.collectives._issue import issue
+from distcompat.collectives._wait import Aside, Wait, until
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
@@ -37,6 +52,9 @@ __all__ = [
     "recv",
     "send",
 ]
+
+
+T = TypeVar("T")
 
 
 class NoPeerError(ValueError):
@@ -72,6 +90,39 @@ def _recv_wire(tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, Finish]:
     return wire, finish
 
 
+def _blocking(
+    op: str, call: Callable[[], T], group: Any, wire: torch.Tensor, peer: int | None
+) -> T:
+    """Return ``call()``, a blocking send or recv with global rank ``peer`` (None: any source).
+
+    On gloo it is a wait on the peer, bounded and watched like a collective's (module docstring).
+    Elsewhere (NCCL) the call returns once the op is queued on the GPU stream, and it stays on
+    this thread: the current CUDA device and stream are per thread.
+    """
+    if backend_for(group, wire.device) != "gloo":
+        with typed_errors(op, group):
+            return call()
+    started = time.monotonic()  # before the call starts: this deadline comes before gloo's
+    timeout_s = group_timeout_s(group if group is not None else dist.group.WORLD)
+    wait = Wait(
+        op=op,
+        phase="backend wait",
+        group=group,
+        started=started,
+        deadline=started + timeout_s,
+        awaited=None if peer is None else lambda: (peer,),
+    )
+    aside = Aside(call)
+    with typed_errors(op, group):
+        until(aside.ready, wait)
+    return aside.value
+
+
+def _peer(group: Any, rank: int | None, group_rank: int | None) -> int | None:
+    """Return the global rank of a peer named by global ``rank`` or ``group_rank`` (None: any)."""
+    return global_rank(group, group_rank) if group_rank is not None else rank
+
+
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -79,11 +130,21 @@ def send(
     tag: int = 0,
     group_dst: int | None = None,
 ) -> None:
-    """Send ``tensor`` to ``dst`` (any layout: staged contiguous first)."""
+    """Send ``tensor`` to ``dst`` (any layout: staged contiguous first).
+
+    On gloo it returns once ``dst`` has posted the matching receive; past the group's timeout it
+    raises :class:`CollectiveTimeoutError` naming ``dst``.
+    """
     _needroot_kwargs(group, "send")
     wire = _send_wire(tensor, group)
-    with typed_errors("send", group):
-        dist.send(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
+    peer = root_kwargs("dst", dst, group_dst)
+    _blocking(
+        "send",
+        lambda: dist.send(wire, group=group, tag=tag, **peer),
+        group,
+        wire,
+        _peer(group, dst, group_dst),
+    )
 
 
 def recv(
@@ -93,11 +154,20 @@ def recv(
     tag: int = 0,
     group_src: int | None = None,
 ) -> int:
-    """Receive into ``tensor`` from ``src`` (any rank if None); return the sender's rank."""
+    """Receive into ``tensor`` from ``src`` (any rank if None); return the sender's rank.
+
+    Past the group's timeout it raises :class:`CollectiveTimeoutError` naming ``src``.
+    """
     _needroot_kwargs(group, "recv")
     wire, copy_back = _recv_wire(tensor, group)
-    with typed_errors("recv", group):
-        sender = dist.recv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
+    peer = root_kwargs("src", src, group_src)
+    sender = _blocking(
+        "recv",
+        lambda: dist.recv(wire, group=group, tag=tag, **peer),
+        group,
+        wire,
+        _peer(group, src, group_src),
+    )
     copy_back()
     return int(sender)
 

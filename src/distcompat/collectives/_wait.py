@@ -11,6 +11,10 @@ raises :class:`CollectiveTimeoutError` naming the ranks that never arrived::
                 deadline=time.monotonic() + group_timeout_s(group), awaited=missing_posts)
     until(lambda s: store_has_every_post(s), wait)
 
+What ``until`` waits on comes from an adapter: :func:`work_ready` (a backend ``Work``),
+:func:`polled` (keys in a store), or :class:`Aside` (a blocking backend call that must not be
+waited on in slices, run on a helper thread: gloo's point-to-point ops).
+
 While a wait lasts, :func:`current` tells what this thread is waiting in, so a hang report can
 say "in the mismatch check of all_reduce" of this rank. The watchdog (``distcompat.diagnostics``,
 a layer above) installs :data:`observer` and :data:`explain` through ``_checked.set_hooks``;
@@ -19,12 +23,14 @@ nothing here imports it.
 
 from __future__ import annotations
 
+import atexit
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._peers import gone_peers
@@ -32,6 +38,7 @@ from distcompat.collectives._peers import gone_peers
 __all__ = [
     "POLL",
     "POLL_S",
+    "Aside",
     "Observer",
     "Wait",
     "current",
@@ -56,8 +63,9 @@ class Wait:
     ``phase`` reads after "in the" ("mismatch check", "shared-memory set-up", "backend wait");
     ``started`` is when the call began (``time.monotonic()``); ``deadline`` ends the wait with
     :class:`CollectiveTimeoutError` (None: the backend's own timeout ends it); ``awaited``
-    returns the global ranks not yet arrived (None: not known). ``record`` is the watchdog's,
-    whatever it keeps for the call while it watches this wait.
+    returns the global ranks not yet arrived (None: not known). ``late``, if given, turns that
+    error into the one raised instead (a checkpoint's own error type), chained to it.
+    ``record`` is the watchdog's, whatever it keeps for the call while it watches this wait.
 
     Example:
         >>> w = Wait(op="all_reduce", phase="mismatch check", group=None, started=0.0)
@@ -71,6 +79,7 @@ class Wait:
     started: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     awaited: Callable[[], tuple[int, ...] | None] | None = None
+    late: Callable[[CollectiveTimeoutError], BaseException] | None = None
     record: Any = None
 
     def describe(self) -> str:
@@ -158,6 +167,122 @@ def polled(look: Callable[[], bool]) -> Callable[[float], bool]:
     return ready
 
 
+T = TypeVar("T")
+
+
+class Aside(Generic[T]):
+    """A blocking backend call run on a helper thread; :meth:`ready` waits for it in slices.
+
+    For a wait that cannot be sliced where it blocks: a gloo point-to-point ``Work.wait(timeout)``
+    that runs out closes every pair of the group ("Application timeout caused pair closure",
+    measured on torch 2.13), so :func:`work_ready` would break the group after half a second.
+    The call runs whole on a helper thread (its own timeout, the group's, still ends it) and the
+    waiting thread waits for the helper in :func:`until`'s slices, which cost nothing::
+
+        call = Aside(lambda: dist.recv(tensor, src=1))
+        until(call.ready, Wait(op="recv", phase="backend wait", group=None))
+        sender = call.value
+
+    Helpers are daemon threads kept for reuse: one per call in progress, none started while one
+    is idle. A call left behind by a wait that gave up (a timeout, a lost peer) keeps its helper
+    until the backend ends it; at exit, busy helpers get :data:`EXIT_WAIT_S` to finish first
+    (on Python 3.11 a daemon thread that returns from C++ while the interpreter is finalizing
+    is ended by ``pthread_exit``, which aborts the process: measured, "terminate called without
+    an active exception" when the group's timeout ended a recv just after the wait gave up).
+
+    Example:
+        >>> call = Aside(lambda: 6 * 7)
+        >>> call.ready(0.5), call.value
+        (True, 42)
+    """
+
+    __slots__ = ("_call", "_done", "_error", "_value")
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._call: Callable[[], T] | None = call
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._value: T | None = None
+        _Helper.take(self)
+
+    def ready(self, slice_s: float) -> bool:
+        """Wait at most ``slice_s`` seconds for the call; raise its error if it failed."""
+        if not self._done.wait(slice_s):
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    @property
+    def value(self) -> T:
+        """What the call returned (only once :meth:`ready` said True)."""
+        assert self._done.is_set(), "the call has not returned yet"
+        assert self._error is None, "the call failed: ready() raised its error"
+        return self._value  # type: ignore[return-value]
+
+    def run(self) -> None:
+        """Run the call (on a helper thread) and keep its outcome."""
+        call, self._call = self._call, None
+        try:
+            if call is not None:
+                self._value = call()
+        except BaseException as exc:  # handed to the waiting thread by ready()
+            self._error = exc
+        finally:
+            del call  # hold no backend object once done
+            self._done.set()
+
+
+class _Helper:
+    """One daemon thread that runs :class:`Aside` calls, one at a time, idle in between."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Aside[Any]] = queue.SimpleQueue()
+        self._job: Aside[Any] | None = None  # the call in progress
+        self._thread = threading.Thread(target=self._serve, name="distcompat-aside", daemon=True)
+        with _helpers_lock:
+            if not _all_helpers:
+                atexit.register(_finish_at_exit)
+            _all_helpers.append(self)
+        self._thread.start()
+
+    @classmethod
+    def take(cls, job: Aside[Any]) -> None:
+        """Hand ``job`` to an idle helper, or to a new one if none is idle."""
+        with _helpers_lock:
+            helper = _idle_helpers.pop() if _idle_helpers else None
+        if helper is None or not helper._thread.is_alive():  # not alive: forked from its process
+            helper = cls()
+        helper._job = job
+        helper._jobs.put(job)
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            job.run()
+            self._job = None
+            del job  # an idle helper holds nothing (a backend Work destroyed at teardown aborts)
+            with _helpers_lock:
+                _idle_helpers.append(self)
+
+
+#: Seconds the exit waits for calls still in progress on helpers (see :class:`Aside`).
+EXIT_WAIT_S = 2.0
+#: Helpers waiting for a call (the newest last: reused first), and every helper started.
+_idle_helpers: list[_Helper] = []
+_all_helpers: list[_Helper] = []
+_helpers_lock = threading.Lock()
+
+
+def _finish_at_exit() -> None:
+    """Give calls in progress on helpers :data:`EXIT_WAIT_S` to end before finalization."""
+    end = time.monotonic() + EXIT_WAIT_S
+    for helper in list(_all_helpers):
+        job = helper._job
+        if job is not None and helper._thread.is_alive():
+            job._done.wait(max(0.0, end - time.monotonic()))  # its outcome is nobody's now
+
+
 def timeout_error(wait: Wait, timeout_s: float) -> CollectiveTimeoutError:
     """Return the error of ``wait`` past its deadline, naming the ranks that never arrived.
 
@@ -225,7 +350,10 @@ def until(
             if watched is not None:
                 watched.watch(wait)
             if wait.deadline is not None and time.monotonic() >= wait.deadline:
-                raise timeout_error(wait, limit or 0.0)
+                error = timeout_error(wait, limit or 0.0)
+                if wait.late is None:
+                    raise error
+                raise wait.late(error) from error
             if ready(_slice(wait)):
                 return
     finally:
