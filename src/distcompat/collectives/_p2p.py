@@ -8,11 +8,12 @@ host memory, and a CUDA pointer kills the process (``writev: Bad address``, meas
 with torch 2.11, docs/capabilities_gloo_cuda.md).
 
 A blocking ``send``/``recv`` on gloo waits on its peer (a send until the peer posts the receive)
-as a collective does, through :func:`~distcompat.collectives._wait.until` ("in the backend wait
-of recv"): watched, a lost peer raises :class:`PeerLostError` within a slice, and the group's
-timeout raises :class:`CollectiveTimeoutError` naming the peer. gloo's point-to-point wait cannot
-be sliced (a timed wait that runs out closes the group's pairs), so the call blocks on a helper
-thread (:class:`~distcompat.collectives._wait.Aside`) while the caller waits for it.
+and is watched as a collective's wait is: it runs on the calling thread, registered with
+:func:`~distcompat.collectives._wait.beside`, whose thread shows a call that outlasts a slice
+to the watchdog ("in the backend wait of recv"). gloo ends it: a lost peer with
+:class:`PeerLostError` at once, the group's timeout with :class:`CollectiveTimeoutError` naming
+the peer. (gloo's point-to-point wait cannot be sliced: a timed wait that runs out closes the
+group's pairs; and handing the call to a helper thread cost a small round trip 1.5-2x.)
 
 ``P2POp`` accepts distcompat's ``isend``/``irecv`` as well as torch's (torch's own ``P2POp``
 rejects any function but its own, so ``dist.P2POp(dist.isend, ...)`` failed under the drop-in
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
-from distcompat.collectives._errors import typed_errors
+from distcompat.collectives._errors import CollectiveTimeoutError, translate, typed_errors
 from distcompat.collectives._group import (
     backend_for,
     global_rank,
@@ -38,7 +39,7 @@ from distcompat.collectives._group import (
     root_kwargs,
 )
 from distcompat.collectives._issue import issue
-from distcompat.collectives._wait import Aside, Wait, until
+from distcompat.collectives._wait import Wait, beside, timeout_error
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
@@ -95,27 +96,36 @@ def _blocking(
 ) -> T:
     """Return ``call()``, a blocking send or recv with global rank ``peer`` (None: any source).
 
-    On gloo it is a wait on the peer, bounded and watched like a collective's (module docstring).
-    Elsewhere (NCCL) the call returns once the op is queued on the GPU stream, and it stays on
-    this thread: the current CUDA device and stream are per thread.
+    On gloo it is a wait on the peer, watched like a collective's (module docstring); NCCL only
+    queues the op on the GPU stream. Every step here runs per call, so it stays cheap: the
+    :class:`Wait` is made only if the call outlasts a slice.
     """
-    if backend_for(group, wire.device) != "gloo":
-        with typed_errors(op, group):
-            return call()
-    started = time.monotonic()  # before the call starts: this deadline comes before gloo's
-    timeout_s = group_timeout_s(group if group is not None else dist.group.WORLD)
-    wait = Wait(
-        op=op,
-        phase="backend wait",
-        group=group,
-        started=started,
-        deadline=started + timeout_s,
-        awaited=None if peer is None else lambda: (peer,),
-    )
-    aside = Aside(call)
-    with typed_errors(op, group):
-        until(aside.ready, wait)
-    return aside.value
+
+    def wait(started: float) -> Wait:
+        return Wait(
+            op=op,
+            phase="backend wait",
+            group=group,
+            started=started,
+            deadline=started + _timeout_s(group),
+            awaited=None if peer is None else lambda: (peer,),
+        )
+
+    started = time.monotonic()
+    try:
+        return beside(call, wait) if backend_for(group, wire.device) == "gloo" else call()
+    except RuntimeError as exc:
+        error = translate(exc, op, group)
+        if isinstance(error, CollectiveTimeoutError) and peer is not None:
+            # gloo's own timeout, the group's: name the peer, with what the watchdog saw of it
+            error = timeout_error(wait(started), _timeout_s(group))
+        if error is exc:
+            raise
+        raise error from exc
+
+
+def _timeout_s(group: Any) -> float:
+    return group_timeout_s(group if group is not None else dist.group.WORLD)
 
 
 def _peer(group: Any, rank: int | None, group_rank: int | None) -> int | None:

@@ -41,6 +41,7 @@ __all__ = [
     "Aside",
     "Observer",
     "Wait",
+    "beside",
     "current",
     "explain",
     "observer",
@@ -281,6 +282,82 @@ def _finish_at_exit() -> None:
         job = helper._job
         if job is not None and helper._thread.is_alive():
             job._done.wait(max(0.0, end - time.monotonic()))  # its outcome is nobody's now
+
+
+class _Beside:
+    """A call in progress on ``thread`` that the watcher may look at (see :func:`beside`)."""
+
+    __slots__ = ("lock", "make", "started", "thread", "wait", "watched")
+
+    def __init__(self, make: Callable[[float], Wait], started: float, thread: int) -> None:
+        self.make, self.started, self.thread = make, started, thread
+        self.lock = threading.Lock()  # held by the watcher while it looks at this call
+        self.wait: Wait | None = None  # made by the watcher once the call outlasts a slice
+        self.watched: Observer | None = None
+
+
+#: Calls made through :func:`beside` now, by ``id``; the watcher thread, once started.
+_beside: dict[int, _Beside] = {}
+_watcher: threading.Thread | None = None
+
+
+def beside(call: Callable[[], T], make: Callable[[float], Wait]) -> T:
+    """Return ``call()``, made on this thread, while a thread beside it watches the call.
+
+    For a blocking backend call that cannot be sliced (a timed gloo point-to-point wait that
+    runs out closes the group's pairs). Handing it to a helper thread (:class:`Aside`) cost a
+    4-float send/recv round trip on gloo 1.5-2x its time (2-core VM, ``bench_p2p.py``); here the
+    call costs a registration, about 1 us. One watcher thread looks every :data:`POLL_S` at the
+    calls older than a slice: it makes their :class:`Wait` (``make(started)``), shows it as the
+    calling thread's wait (:func:`current`) and to the watchdog (:data:`observer`). What it
+    cannot do is end the call: the backend's own timeout (the group's) and its error for a lost
+    peer do, and a raising watchdog's ``HangError`` is not raised (its report is made).
+
+    Example:
+        >>> beside(lambda: 6 * 7, lambda t: Wait(op="recv", phase="backend wait", group=None))
+        42
+    """
+    global _watcher
+    if _watcher is None or not _watcher.is_alive():  # none yet, or lost in a fork
+        _watcher = threading.Thread(target=_watch_beside, name="distcompat-beside", daemon=True)
+        _watcher.start()
+    entry = _Beside(make, time.monotonic(), threading.get_ident())
+    key = id(entry)
+    _beside[key] = entry
+    try:
+        return call()
+    finally:
+        del _beside[key]
+        # The watcher looks at a call only while it is registered, holding its lock: once it is
+        # gone from _beside and the lock is free, the watcher is done with it.
+        if entry.wait is not None or entry.lock.locked():
+            with entry.lock:
+                if _waits.get(entry.thread) is entry.wait:
+                    del _waits[entry.thread]
+                if entry.watched is not None and entry.wait is not None:
+                    entry.watched.release(entry.wait)
+
+
+def _watch_beside() -> None:
+    while True:
+        time.sleep(POLL_S)
+        now = time.monotonic()
+        for key, entry in list(_beside.items()):
+            if now - entry.started < POLL_S:
+                continue
+            with entry.lock:
+                if key not in _beside:  # the call returned meanwhile
+                    continue
+                if entry.wait is None:
+                    entry.wait = entry.make(entry.started)
+                _waits.setdefault(entry.thread, entry.wait)
+                entry.watched = entry.watched or observer
+                if entry.watched is None:
+                    continue
+                try:
+                    entry.watched.watch(entry.wait)
+                except Exception:  # a raising watchdog's HangError: reported, not raisable here
+                    continue
 
 
 def timeout_error(wait: Wait, timeout_s: float) -> CollectiveTimeoutError:
