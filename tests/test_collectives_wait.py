@@ -7,12 +7,13 @@ test_diagnostics_matrix.py).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 
 import pytest
 
-from distcompat.collectives import CollectiveTimeoutError
+from distcompat.collectives import CollectiveTimeoutError, _wait
 from distcompat.collectives._wait import Aside, Wait, current, until
 
 
@@ -80,3 +81,53 @@ def test_late_turns_the_deadline_into_the_callers_error() -> None:
         until(never, wait)
     assert isinstance(caught.value.__cause__, CollectiveTimeoutError)
     assert "in the checkpoint arrival of save" in str(caught.value.__cause__)
+
+
+class _Seen:
+    """A stand-in for the watchdog's observer that records what it is shown."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def watch(self, wait: Wait) -> None:
+        self.calls.append(("watch", wait.describe()))
+
+    def release(self, wait: Wait) -> None:
+        self.calls.append(("release", wait.describe()))
+
+
+def test_a_call_made_beside_is_shown_once_it_outlasts_a_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = _Seen()
+    monkeypatch.setattr(_wait, "observer", seen)
+    during: list[Wait | None] = []
+
+    def slow() -> int:
+        time.sleep(3 * _wait.POLL_S)
+        during.append(_wait.current(threading.get_ident()))
+        return 5
+
+    def make(started: float) -> Wait:
+        return Wait(op="recv", phase="backend wait", group=None, started=started)
+
+    assert _wait.beside(slow, make) == 5
+    assert during[0] is not None
+    assert during[0].describe() == "in the backend wait of recv"
+    assert ("watch", "in the backend wait of recv") in seen.calls
+    assert seen.calls[-1] == ("release", "in the backend wait of recv")
+    assert _wait.current(threading.get_ident()) is None
+
+
+def test_a_fast_call_made_beside_costs_no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _Seen()
+    monkeypatch.setattr(_wait, "observer", seen)
+
+    def never(started: float) -> Wait:
+        raise AssertionError("a call that ends within a slice is never looked at")
+
+    calls = [functools.partial(int, n) for n in range(1000)]
+    assert [_wait.beside(call, never) for call in calls] == list(range(1000))
+    time.sleep(2 * _wait.POLL_S)  # the watcher looks twice meanwhile: nothing left to see
+    assert seen.calls == []
+    assert _wait._beside == {}

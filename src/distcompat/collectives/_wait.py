@@ -348,16 +348,15 @@ def _watch_beside() -> None:
             with entry.lock:
                 if key not in _beside:  # the call returned meanwhile
                     continue
-                if entry.wait is None:
-                    entry.wait = entry.make(entry.started)
-                _waits.setdefault(entry.thread, entry.wait)
-                entry.watched = entry.watched or observer
-                if entry.watched is None:
-                    continue
                 try:
-                    entry.watched.watch(entry.wait)
-                except Exception:  # a raising watchdog's HangError: reported, not raisable here
-                    continue
+                    if entry.wait is None:
+                        entry.wait = entry.make(entry.started)
+                    _waits.setdefault(entry.thread, entry.wait)
+                    entry.watched = entry.watched or observer
+                    if entry.watched is not None:
+                        entry.watched.watch(entry.wait)
+                except Exception:  # a raising watchdog's HangError (reported, not raisable
+                    continue  # here), or anything else: the watcher goes on for other calls
 
 
 def timeout_error(wait: Wait, timeout_s: float) -> CollectiveTimeoutError:
