@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from distcompat.collectives import CollectiveTimeoutError, _wait
-from distcompat.collectives._wait import Aside, Wait, current, until
+from distcompat.collectives import CollectiveTimeoutError, _blocking, _wait
+from distcompat.collectives._blocking import Aside
+from distcompat.collectives._wait import Wait, current, until
 
 
 def test_an_aside_call_returns_its_value_and_reuses_its_helper() -> None:
@@ -111,7 +112,7 @@ def test_a_call_made_beside_is_shown_once_it_outlasts_a_slice(
     def make(started: float) -> Wait:
         return Wait(op="recv", phase="backend wait", group=None, started=started)
 
-    assert _wait.beside(slow, make) == 5
+    assert _blocking.beside(slow, make) == 5
     assert during[0] is not None
     assert during[0].describe() == "in the backend wait of recv"
     assert ("watch", "in the backend wait of recv") in seen.calls
@@ -127,7 +128,7 @@ def test_a_fast_call_made_beside_costs_no_wait(monkeypatch: pytest.MonkeyPatch) 
         raise AssertionError("a call that ends within a slice is never looked at")
 
     calls = [functools.partial(int, n) for n in range(1000)]
-    assert [_wait.beside(call, never) for call in calls] == list(range(1000))
+    assert [_blocking.beside(call, never) for call in calls] == list(range(1000))
     time.sleep(2 * _wait.POLL_S)  # the watcher looks twice meanwhile: nothing left to see
     assert seen.calls == []
-    assert _wait._beside == {}
+    assert _blocking._beside == {}

@@ -29,8 +29,9 @@ import torch.distributed as dist
 from distcompat._ranks import get_world_size
 from distcompat.checkpoint._errors import CheckpointSyncError
 from distcompat.collectives import all_gather_object
+from distcompat.collectives._blocking import Aside
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, translate
-from distcompat.collectives._wait import Aside, Wait, until
+from distcompat.collectives._wait import Wait, until
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
 
@@ -62,7 +63,7 @@ class SaveGroup:
 
         Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 takes the
         tokens as they come, so it can name the ranks that never came, then replies. The exchange
-        blocks on a helper thread (gloo's point-to-point wait cannot be sliced: ``_wait.Aside``)
+        blocks on a helper thread (gloo's point-to-point wait cannot be sliced: ``_blocking.Aside``)
         while this thread waits in ``_wait.until`` ("in the checkpoint arrival of <what>"):
         watched, :class:`PeerLostError` at once for a peer process that ended, and at
         ``timeout_s`` :class:`CheckpointSyncError` naming who never came. (``monitored_barrier``

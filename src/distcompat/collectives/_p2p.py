@@ -9,7 +9,7 @@ with torch 2.11, docs/capabilities_gloo_cuda.md).
 
 A blocking ``send``/``recv`` on gloo waits on its peer (a send until the peer posts the receive)
 and is watched as a collective's wait is: it runs on the calling thread, registered with
-:func:`~distcompat.collectives._wait.beside`, whose thread shows a call that outlasts a slice
+:func:`~distcompat.collectives._blocking.beside`, whose thread shows a call that outlasts a slice
 to the watchdog ("in the backend wait of recv"). gloo ends it: a lost peer with
 :class:`PeerLostError` at once, the group's timeout with :class:`CollectiveTimeoutError` naming
 the peer. (gloo's point-to-point wait cannot be sliced: a timed wait that runs out closes the
@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._blocking import beside
 from distcompat.collectives._checked import verify
 from distcompat.collectives._errors import CollectiveTimeoutError, translate, typed_errors
 from distcompat.collectives._group import (
@@ -39,7 +40,7 @@ from distcompat.collectives._group import (
     root_kwargs,
 )
 from distcompat.collectives._issue import issue
-from distcompat.collectives._wait import Wait, beside, timeout_error
+from distcompat.collectives._wait import Wait, timeout_error
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
