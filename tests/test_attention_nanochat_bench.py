@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_nanochat_at
 
 
 @pytest.mark.slow
-def test_tiny_run_trains_both_models_alike() -> None:
+def test_tiny_run_trains_every_variant_alike() -> None:
     args = "--device cpu --depth 2 --width 32 --head-dim 16 --seq 256 --batch 1 --vocab 64"
     args += " --steps 3 --warmup 1 --block 1 --backend aot_eager"
     src = str(Path(__file__).resolve().parents[1] / "src")
