@@ -1,13 +1,12 @@
 """Requests to a rendezvous store, each bounded by a short timeout.
 
 The default mismatch check (``agree``) talks to the group's rendezvous store while a rank waits
-in a collective; the shared-memory set-up (``shm._setup``), the lost-peer naming (``_peers``)
-and the watchdog's side channel (``diagnostics._channel``) ask it too. When the store's host
-cannot be reached (a network partition), a store request does not come back: measured on torch
-2.13 against a stopped store server, ``check``, ``add``, ``get`` and ``multi_get`` block with no
-end, and ``set_timeout`` bounds only a wait for a key, not the socket; even ``clone()`` blocks in
-its handshake. A rank whose main thread sat in such a request never reached its collective's
-timeout and typed error.
+in a collective; the shared-memory set-up (``shm._setup``) and the lost-peer naming (``_peers``)
+ask it too. When the store's host cannot be reached (a network partition), a store request
+does not come back: measured on torch 2.13 against a stopped store server, ``check``, ``add``,
+``get`` and ``multi_get`` block with no end, and ``set_timeout`` bounds only a wait for a key,
+not the socket; even ``clone()`` blocks in its handshake. A rank whose main thread sat in such a
+request never reached its collective's timeout and typed error.
 
 So every request runs on one daemon thread of this process, over a connection of its own (a
 clone of the group's store, made on that thread), and the caller waits at most
@@ -140,14 +139,6 @@ class QuickStore:
         retried ``add`` could count twice. Give it the whole time it may take instead.
         """
         return int(self._request("add", key, amount, timeout=timeout))
-
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
-        """Set ``key`` to ``desired`` if it holds ``expected``; return the value it then holds.
-
-        An unset key counts as holding ``""``.
-        """
-        value: bytes = self._request("compare_set", key, expected, desired)
-        return value
 
     def get(self, key: str) -> bytes:
         """Return the value of ``key``, which must exist (a missing one waits for the store)."""

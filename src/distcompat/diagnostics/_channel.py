@@ -10,10 +10,7 @@ answers. Keys (under a prefix unique to the group's generation)::
     i<N>/stacks/<rank>         each rank's Python stacks (text)
     i<N>/count                 how many ranks have published for incident N
 
-Every call here is a short store request, made through ``collectives._store.QuickStore``: none
-waits past its ``TIMEOUT_S`` (2 s), so a store cut off (a partition of the store alone) costs the
-watchdog seconds, not the store's own timeout; :class:`ChannelError` wraps a store that failed
-or did not answer.
+Every call here is a short store request; :class:`ChannelError` wraps a store that failed.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ from collections.abc import Iterator
 
 import torch.distributed as dist
 
-from distcompat.collectives._store import QuickStore
 from distcompat.diagnostics._report import RankState
 
 __all__ = ["ChannelError", "SideChannel"]
@@ -49,7 +45,7 @@ class SideChannel:
     """
 
     def __init__(self, store: dist.Store, prefix: str, *, rank: int, world_size: int) -> None:
-        self._store = QuickStore(dist.PrefixStore(prefix, store))
+        self._store = dist.PrefixStore(prefix, store)
         self.rank = rank
         self.world_size = world_size
 
