@@ -9,8 +9,8 @@ the watchdog, the mismatch check, shared memory ``auto``). Rank 0 sends a tensor
 back, rank 1 receives and sends; a round times ``--calls`` such round trips with ``dist.send`` /
 ``dist.recv`` and then with ``distcompat.collectives.send`` / ``recv`` (the order reversed every
 other round), and the best round of each is printed in microseconds per round trip. distcompat's
-blocking send and recv on gloo run on a helper thread while the caller waits in watched slices
-(``collectives._wait.Aside``): what that hand-over costs is the difference.
+blocking send and recv on gloo stay on the calling thread, watched from beside it
+(``collectives._blocking.beside``); staging and that registration are the difference.
 """
 
 from __future__ import annotations

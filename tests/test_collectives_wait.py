@@ -14,31 +14,11 @@ import time
 import pytest
 
 from distcompat.collectives import CollectiveTimeoutError, _blocking, _wait
-from distcompat.collectives._blocking import Aside
 from distcompat.collectives._wait import Wait, current, until
 
 
-def test_an_aside_call_returns_its_value_and_reuses_its_helper() -> None:
-    first = Aside(threading.get_ident)
-    until(first.ready, Wait(op="recv", phase="backend wait", group=None))
-    time.sleep(0.05)  # the helper goes back to idle after handing over the value
-    second = Aside(threading.get_ident)
-    until(second.ready, Wait(op="recv", phase="backend wait", group=None))
-    assert first.value == second.value != threading.get_ident()
-
-
-def test_an_aside_call_raises_its_error_in_the_waiting_thread() -> None:
-    def fails() -> None:
-        raise RuntimeError("Connection closed by peer")
-
-    call = Aside(fails)
-    with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        until(call.ready, Wait(op="recv", phase="backend wait", group=None))
-
-
-def test_a_wait_on_an_aside_call_ends_at_its_deadline_naming_the_peer() -> None:
+def test_a_wait_ends_at_its_deadline_naming_the_peer() -> None:
     release = threading.Event()
-    call = Aside(lambda: release.wait(10))
     seen: list[str] = []
     started = time.monotonic()
     wait = Wait(
@@ -50,38 +30,13 @@ def test_a_wait_on_an_aside_call_ends_at_its_deadline_naming_the_peer() -> None:
         awaited=lambda: (3,),
     )
     with pytest.raises(CollectiveTimeoutError) as caught:
-        until(call.ready, wait, between=lambda: seen.append(str(current(threading.get_ident()))))
+        until(release.wait, wait, between=lambda: seen.append(str(current(threading.get_ident()))))
     release.set()
     assert 0.8 <= time.monotonic() - started < 1.5
     assert caught.value.peers == (3,)
     assert "in the backend wait of recv: not every rank arrived (rank 3)" in str(caught.value)
     assert seen, "no slice ran out before the deadline"
     assert "phase='backend wait'" in seen[0]  # the wait was current while it lasted
-
-
-def test_late_turns_the_deadline_into_the_callers_error() -> None:
-    class SaveError(RuntimeError):
-        pass
-
-    started = time.monotonic()
-    wait = Wait(
-        op="save",
-        phase="checkpoint arrival",
-        group=None,
-        started=started,
-        deadline=started + 0.1,
-        awaited=lambda: (1, 2),
-        late=lambda error: SaveError(f"ranks {error.peers} never came"),
-    )
-
-    def never(slice_s: float) -> bool:
-        time.sleep(slice_s)
-        return False
-
-    with pytest.raises(SaveError, match=r"ranks \(1, 2\) never came") as caught:
-        until(never, wait)
-    assert isinstance(caught.value.__cause__, CollectiveTimeoutError)
-    assert "in the checkpoint arrival of save" in str(caught.value.__cause__)
 
 
 class _Seen:

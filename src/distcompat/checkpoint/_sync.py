@@ -1,13 +1,13 @@
 """The collectives of one distributed save: a bounded arrival check, then small object gathers.
 
 Every save runs, on every rank and in this order: ``arrive`` (point-to-point tokens to and from
-rank 0, waited on as every wait on peers is, by ``collectives._wait.until``, but bounded by the
-save's own timeout: a save called from one rank only fails in seconds and rank 0 names the ranks
-that never came, instead of hanging until the process-group timeout; the watchdog sees the wait
-as "the checkpoint arrival of save_checkpoint(step=N)"), then three small object gathers
-carrying the plan, each rank's write result, and rank 0's commit result. Because every rank
-reports success *or* its error in those gathers, a rank that fails to write never leaves the
-others waiting. Without a process group (or at world size 1) each function here is the identity.
+rank 0, each wait bounded by the save's own timeout, so a save called from one rank only fails in
+seconds and rank 0 names the ranks that never came, instead of hanging until the process-group
+timeout; the watchdog sees the wait as "the checkpoint arrival of save_checkpoint(step=N)"),
+then three small object gathers carrying the plan, each rank's write result, and rank 0's commit
+result. Because every rank reports success *or* its error in those gathers, a rank that fails to
+write never leaves the others waiting. Without a process group (or at world size 1) each
+function here is the identity.
 
 The tokens and gathers use CPU tensors, so they run on gloo: the default group when it is gloo,
 else a gloo side group made on the first save (every rank must make that first save together, as
@@ -16,9 +16,7 @@ with any collective; this path is not exercised by the CPU-only test suite).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,9 +27,14 @@ import torch.distributed as dist
 from distcompat._ranks import get_world_size
 from distcompat.checkpoint._errors import CheckpointSyncError
 from distcompat.collectives import all_gather_object
-from distcompat.collectives._blocking import Aside
-from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, translate
-from distcompat.collectives._wait import Wait, until
+from distcompat.collectives._blocking import beside
+from distcompat.collectives._errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    PeerLostError,
+    translate,
+)
+from distcompat.collectives._wait import Wait
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
 
@@ -61,79 +64,93 @@ class SaveGroup:
     def arrive(self, what: str, timeout_s: float) -> None:
         """Wait, at most ``timeout_s``, until every rank has called the same save.
 
-        Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 takes the
-        tokens as they come, so it can name the ranks that never came, then replies. The exchange
-        blocks on a helper thread (gloo's point-to-point wait cannot be sliced: ``_blocking.Aside``)
-        while this thread waits in ``_wait.until`` ("in the checkpoint arrival of <what>"):
-        watched, :class:`PeerLostError` at once for a peer process that ended, and at
-        ``timeout_s`` :class:`CheckpointSyncError` naming who never came. (``monitored_barrier``
-        is no substitute: a rank > 0 whose rank 0 never arrives hangs in it on torch 2.13 gloo.)
+        Each rank > 0 sends a token to rank 0 and waits for rank 0's reply; rank 0 waits for every
+        token against one deadline, so it can name the ranks that never came. Point-to-point
+        ``Work.wait(timeout)`` is bounded on both sides (``monitored_barrier`` is not: a rank > 0
+        whose rank 0 never arrives hangs in it on torch 2.13 gloo). The waits run on this thread,
+        watched from beside it (``collectives._blocking.beside``: a report says "in the checkpoint
+        arrival of <what>"). A peer whose process ended fails its wait at once: rank 0 raises
+        :class:`PeerLostError` naming it and tells the ranks that came, which raise it too.
         """
         if not self.active:
             return
-        started = time.monotonic()
-        gave_up = threading.Event()  # a helper left behind by a failed arrival does no more
-        done: set[int] = set()  # rank 0: ranks whose token came; then those that had the reply
+        deadline = time.monotonic() + timeout_s
+        arrived: set[int] = set()  # rank 0: the ranks whose token came
         peers = range(1, self.world_size)  # the save's groups hold every rank: group = global
 
-        def exchange() -> None:
-            token = torch.zeros(1)
-            if self.rank > 0:
-                dist.send(token, dst=0, group=self.group, tag=_ARRIVE_TAG)
-                if not gave_up.is_set():
-                    dist.recv(token, src=0, group=self.group, tag=_ARRIVE_TAG)
-                return
-            while len(done) < len(peers) and not gave_up.is_set():
-                done.add(dist.recv(torch.zeros(1), group=self.group, tag=_ARRIVE_TAG))
-            done.clear()
-            for peer in peers:
-                dist.send(token, dst=peer, group=self.group, tag=_ARRIVE_TAG)
-                done.add(peer)
-
         def missing() -> tuple[int, ...]:
-            return (0,) if self.rank > 0 else tuple(p for p in peers if p not in done)
+            return (0,) if self.rank > 0 else tuple(p for p in peers if p not in arrived)
 
-        late = self._late(what, timeout_s, missing)
-        wait = Wait(
-            op=what,
-            phase="checkpoint arrival",
-            group=self.group,
-            started=started,
-            deadline=started + timeout_s,
-            awaited=missing,
-            late=late,
-        )
-        try:
-            until(Aside(exchange).ready, wait)
-        except (CollectiveError, CheckpointSyncError):
-            raise
-        except RuntimeError as exc:  # the helper's gloo call: a peer went away, or timed out
-            error = translate(exc, what, self.group)
-            if isinstance(error, CollectiveTimeoutError):  # the group's timeout came first
-                raise late(error) from exc
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            gave_up.set()
+        def make(begun: float) -> Wait:
+            return Wait(
+                op=what,
+                phase="checkpoint arrival",
+                group=self.group,
+                started=begun,
+                deadline=deadline,
+                awaited=missing,
+            )
 
-    def _late(
-        self, what: str, timeout_s: float, missing: Callable[[], tuple[int, ...]]
-    ) -> Callable[[CollectiveTimeoutError], CheckpointSyncError]:
-        """Return the error of an arrival that ran out of time, naming the ranks not seen."""
+        if self.rank == 0:
+            beside(lambda: self._take_tokens(what, timeout_s, deadline, arrived), make)
+        else:
+            beside(lambda: self._give_token(what, timeout_s, deadline), make)
 
-        def late(error: CollectiveTimeoutError) -> CheckpointSyncError:
-            if self.rank > 0:
-                return CheckpointSyncError(
-                    f"{what} on rank {self.rank}: rank 0 did not call it within {timeout_s:g}s "
-                    f"(or another rank did not, and rank 0 gave up). {_EVERY_RANK}"
-                )
-            return CheckpointSyncError(
-                f"{what} on rank 0: rank(s) {', '.join(map(str, missing()))} of "
+    def _take_tokens(self, what: str, timeout_s: float, deadline: float, arrived: set[int]) -> None:
+        """Take every rank's token (rank 0), then tell the ranks that came how it went."""
+        pending = {
+            peer: dist.irecv(torch.zeros(1), src=peer, group=self.group, tag=_ARRIVE_TAG)
+            for peer in range(1, self.world_size)
+        }
+        missing: list[int] = []
+        lost: PeerLostError | None = None
+        timed_out = False
+        for peer, work in pending.items():
+            outcome = _wait(work, deadline, what, self.group)
+            if outcome is None:
+                arrived.add(peer)
+                continue
+            missing.append(peer)
+            if isinstance(outcome, PeerLostError):
+                lost = lost or outcome
+            else:
+                timed_out = True
+        if not timed_out:  # a timed-out wait closed the group's pairs: no reply can go out then
+            verdict = 0.0  # go on; else 1 + the rank lost, or -1 (lost, not named): give up
+            if lost is not None:
+                verdict = -1.0 if lost.peer is None else 1.0 + lost.peer
+            for peer in sorted(arrived):  # the ranks that came learn now of a lost rank
+                dist.send(torch.full((1,), verdict), dst=peer, group=self.group, tag=_ARRIVE_TAG)
+        if lost is not None:
+            raise lost
+        if missing:
+            raise CheckpointSyncError(
+                f"{what} on rank 0: rank(s) {', '.join(map(str, missing))} of "
                 f"{self.world_size} did not call it within {timeout_s:g}s. {_EVERY_RANK}"
             )
 
-        return late
+    def _give_token(self, what: str, timeout_s: float, deadline: float) -> None:
+        """Send this rank's token to rank 0 (a rank > 0), then wait for its reply."""
+        reply = torch.zeros(1)
+        sent = dist.isend(torch.zeros(1), dst=0, group=self.group, tag=_ARRIVE_TAG)
+        outcome = _wait(sent, deadline, what, self.group)
+        if outcome is None:
+            got = dist.irecv(reply, src=0, group=self.group, tag=_ARRIVE_TAG)
+            outcome = _wait(got, deadline, what, self.group)
+        if isinstance(outcome, PeerLostError):
+            raise outcome
+        verdict = int(reply.item())
+        if outcome is None and verdict > 0:  # rank 0 lost a rank: say which
+            raise PeerLostError(
+                f"{what}: rank 0 gave the save up: rank {verdict - 1} went away before it",
+                op=what,
+                peer=verdict - 1,
+            )
+        if outcome is not None or verdict != 0:
+            raise CheckpointSyncError(
+                f"{what} on rank {self.rank}: rank 0 did not call it within {timeout_s:g}s "
+                f"(or another rank did not, and rank 0 gave up). {_EVERY_RANK}"
+            )
 
     def gather(self, value: Any) -> list[Any]:
         """Return every rank's ``value``, in rank order (``[value]`` without a group).
@@ -147,6 +164,28 @@ class SaveGroup:
         everyone: list[Any] = [None] * self.world_size
         all_gather_object(everyone, value, group=self.group)
         return everyone
+
+
+def _wait(work: dist.Work | None, deadline: float, what: str, group: Any) -> CollectiveError | None:
+    """Wait for ``work`` until ``deadline`` (monotonic seconds): None once it completed, else why.
+
+    A wait that fails before its time is the peer failing (its process ended): the translated
+    error when it is a :class:`PeerLostError`; a wait that runs out (or fails otherwise) is a
+    :class:`CollectiveTimeoutError` (the caller names the ranks itself).
+    """
+    if work is None:  # torch returns None for a rank outside the group: nothing to wait for
+        return None
+    begun = time.monotonic()
+    left = max(deadline - begun, 0.001)
+    try:
+        work.wait(timedelta(seconds=left))
+    except RuntimeError as exc:  # gloo: "Timed out waiting ...", a closed pair, a lost peer
+        if time.monotonic() - begun < left * 0.99:
+            error = translate(exc, what, group)
+            if isinstance(error, PeerLostError):
+                return error
+        return CollectiveTimeoutError(str(exc), op=what, peer=None)
+    return None
 
 
 def _alone(what: str) -> SaveGroup | None:

@@ -11,10 +11,10 @@ raises :class:`CollectiveTimeoutError` naming the ranks that never arrived::
                 deadline=time.monotonic() + group_timeout_s(group), awaited=missing_posts)
     until(lambda s: store_has_every_post(s), wait)
 
-What ``until`` waits on comes from an adapter: :func:`work_ready` (a backend ``Work``),
-:func:`polled` (keys in a store), or ``_blocking.Aside`` (a blocking backend call run on a
-helper thread). A blocking call that stays on its own thread is watched by ``_blocking.beside``
-instead, which shows it through :func:`current` and :data:`observer` as ``until`` does.
+What ``until`` waits on comes from an adapter: :func:`work_ready` (a backend ``Work``) or
+:func:`polled` (keys in a store). A blocking call that cannot be waited on in slices (gloo's
+point-to-point ops) stays on its thread and is watched by ``_blocking.beside`` instead, which
+shows it through :func:`current` and :data:`observer` as ``until`` does.
 
 While a wait lasts, :func:`current` tells what this thread is waiting in, so a hang report can
 say "in the mismatch check of all_reduce" of this rank. The watchdog (``distcompat.diagnostics``,
@@ -61,9 +61,8 @@ class Wait:
     ``phase`` reads after "in the" ("mismatch check", "shared-memory set-up", "backend wait");
     ``started`` is when the call began (``time.monotonic()``); ``deadline`` ends the wait with
     :class:`CollectiveTimeoutError` (None: the backend's own timeout ends it); ``awaited``
-    returns the global ranks not yet arrived (None: not known). ``late``, if given, turns that
-    error into the one raised instead (a checkpoint's own error type), chained to it.
-    ``record`` is the watchdog's, whatever it keeps for the call while it watches this wait.
+    returns the global ranks not yet arrived (None: not known). ``record`` is the watchdog's,
+    whatever it keeps for the call while it watches this wait.
 
     Example:
         >>> w = Wait(op="all_reduce", phase="mismatch check", group=None, started=0.0)
@@ -77,7 +76,6 @@ class Wait:
     started: float = field(default_factory=time.monotonic)
     deadline: float | None = None
     awaited: Callable[[], tuple[int, ...] | None] | None = None
-    late: Callable[[CollectiveTimeoutError], BaseException] | None = None
     record: Any = None
 
     def describe(self) -> str:
@@ -232,10 +230,7 @@ def until(
             if watched is not None:
                 watched.watch(wait)
             if wait.deadline is not None and time.monotonic() >= wait.deadline:
-                error = timeout_error(wait, limit or 0.0)
-                if wait.late is None:
-                    raise error
-                raise wait.late(error) from error
+                raise timeout_error(wait, limit or 0.0)
             if ready(_slice(wait)):
                 return
     finally:
