@@ -266,6 +266,9 @@ def destroy_distributed() -> None:
         return
     if dist.is_initialized():
         dist.destroy_process_group()
+    from distcompat.collectives._store import shut_down  # imported by init already
+
+    shut_down()
 
 
 @contextlib.contextmanager
