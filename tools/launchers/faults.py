@@ -121,6 +121,20 @@ def _tails(jobs: list[procs.Job]) -> str:
     return "; ".join(f"node {k}: {f.tail(2)}" for k, f in enumerate(ends))
 
 
+def _end_cut(ctx: Context, jobs: list[procs.Job]) -> str:
+    """End a cut-network fault: read the jobs' log tails, stop them, unblock node 1.
+
+    The jobs are stopped, not waited for: torchrun's agents would linger for their rendezvous
+    keep-alive, and with the store cut node 1's agent sits in a request to it.
+    """
+    assert ctx.nodes is not None, "a network fault runs inside the namespaces run.py created"
+    tails = _tails(jobs)
+    for job in jobs:
+        procs.stop(job)
+    ctx.nodes.unblock(1)
+    return tails
+
+
 def _wait_for_results(work: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while len(_results(work)) < 2 and time.monotonic() < deadline:
@@ -216,10 +230,7 @@ def partition(ctx: Context) -> Verdict:
     except FaultAborted as exc:
         return Verdict(ok=False, line=f"FAIL {exc}: {_tails(jobs)}")
     finally:
-        tails = _tails(jobs)
-        for job in jobs:
-            procs.stop(job)  # torchrun's agents would linger for their rendezvous keep-alive
-        ctx.nodes.unblock(1)
+        tails = _end_cut(ctx, jobs)
     seconds = time.monotonic() - started
     seen, problems = _judge_errors(_results(ctx.work), since=cut_at, limit=limit, tails=tails)
     if problems:
@@ -277,10 +288,7 @@ def store_partition(ctx: Context) -> Verdict:
     except FaultAborted as exc:
         return Verdict(ok=False, line=f"FAIL {exc}: {_tails(jobs)}")
     finally:
-        tails = _tails(jobs)
-        for job in jobs:
-            procs.stop(job)  # node 1's agent sits in a request to the cut rendezvous store
-        ctx.nodes.unblock(1)
+        tails = _end_cut(ctx, jobs)
     seconds = time.monotonic() - started
     results = _results(ctx.work)
     seen, problems = _judge_errors(

@@ -34,7 +34,7 @@ from distcompat.collectives._errors import (
     PeerLostError,
     translate,
 )
-from distcompat.collectives._wait import Wait
+from distcompat.collectives._wait import Wait, work_ready
 
 __all__ = ["DEFAULT_SYNC_TIMEOUT_S", "SaveGroup", "dedicated_save_group", "save_group"]
 
@@ -175,17 +175,16 @@ def _wait(work: dist.Work | None, deadline: float, what: str, group: Any) -> Col
     """
     if work is None:  # torch returns None for a rank outside the group: nothing to wait for
         return None
-    begun = time.monotonic()
-    left = max(deadline - begun, 0.001)
-    try:
-        work.wait(timedelta(seconds=left))
-    except RuntimeError as exc:  # gloo: "Timed out waiting ...", a closed pair, a lost peer
-        if time.monotonic() - begun < left * 0.99:
-            error = translate(exc, what, group)
-            if isinstance(error, PeerLostError):
-                return error
-        return CollectiveTimeoutError(str(exc), op=what, peer=None)
-    return None
+    try:  # work_ready raises only for a wait that failed before its time: the peer failed
+        if work_ready(work)(max(deadline - time.monotonic(), 0.001)):
+            return None
+        reason = "the save's timeout ran out"
+    except RuntimeError as exc:
+        error = translate(exc, what, group)
+        if isinstance(error, PeerLostError):
+            return error
+        reason = str(exc)
+    return CollectiveTimeoutError(reason, op=what, peer=None)
 
 
 def _alone(what: str) -> SaveGroup | None:
