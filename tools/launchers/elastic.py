@@ -12,6 +12,11 @@
 * ``openmpi-rerun`` and ``slurm-rerun``: the same script under ``mpirun -np 2`` or ``srun -n 2``
   (in the session's Slurm cluster); the kill ends the job (neither restarts it), and running
   the same command again must resume it, with the same checks.
+* ``openmpi-exits``: ten short runs of the same script under ``mpirun -np 2`` whose last step
+  saves a checkpoint, then the script destroys its group and returns; all ten must exit 0 on
+  both ranks. The script's optimizer makes torch keep the destroyed group and its gloo threads
+  alive until teardown; before ``destroy_distributed`` let them settle, 4 of 10 such runs ended
+  in SIGABRT on one rank ("terminate called without an active exception").
 * ``torchrun-2node-shrink``: torchrun ``--nnodes=1:2`` on the two namespace nodes, one rank
   each; rank 1 kills its agent and itself (node 1 is lost); node 0's agent restarts alone, and
   the run must finish on 1 rank, resumed from the newest checkpoint, each sample seen once.
@@ -185,6 +190,34 @@ def _rerun(ctx: Context, head: list[str], launcher: str) -> Verdict:
     return _judge(plain_out, killed_out, "rerun", how, seconds, plain_s)
 
 
+#: Runs of ``openmpi-exits``, and the samples of each (2 ranks x 2 a step: 3 steps, one save).
+EXIT_RUNS, EXIT_SAMPLES = 10, 12
+
+
+def openmpi_exits(ctx: Context) -> Verdict:
+    """Ten short runs under mpirun that end in a save, destroy and return: all exit 0."""
+    started = time.monotonic()
+    failed = []
+    for run in range(EXIT_RUNS):
+        out = ctx.work / f"exit{run}"
+        out.mkdir(parents=True)
+        argv = [*_mpirun(ctx), str(ELASTIC_TRAIN), "--out", str(out), "--tag", f"exit{run}"]
+        argv += ["--samples", str(EXIT_SAMPLES), "--batch", str(BATCH), "--every", str(EVERY)]
+        done = procs.run(argv, env=ctx.env, log=out / "run.log", timeout=60, cwd=out)
+        result = _result(out)
+        if done.returncode != 0 or result is None or result["last_step"] % EVERY:
+            failed.append(f"run {run}: exit {done.returncode}: {done.tail()}")
+    seconds = time.monotonic() - started
+    if failed:
+        return Verdict(
+            ok=False, line=f"FAIL {len(failed)} of {EXIT_RUNS}: {failed[0]} ({seconds:.1f} s)"
+        )
+    return Verdict(
+        ok=True,
+        line=f"pass ({EXIT_RUNS} of {EXIT_RUNS} runs ending in a save exited 0, {seconds:.1f} s)",
+    )
+
+
 def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
     """torchrun on namespace node ``node``: ``--nnodes=1:2``, 1 rank, c10d hosted on node 0."""
     assert ctx.nodes is not None, "a two-node case runs inside the namespaces run.py created"
@@ -257,6 +290,12 @@ RESTARTS = (
         name="openmpi-rerun",
         timeout=240,
         run=openmpi_rerun,
+        binaries=("mpirun.openmpi",),
+    ),
+    Restart(
+        name="openmpi-exits",
+        timeout=120,
+        run=openmpi_exits,
         binaries=("mpirun.openmpi",),
     ),
     Restart(name="slurm-rerun", timeout=240, run=slurm_rerun, needs="slurm"),

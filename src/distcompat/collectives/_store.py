@@ -93,9 +93,10 @@ def shut_down(timeout: float = TIMEOUT_S) -> None:
     """Drop every store connection on the worker thread and end it; the next request starts anew.
 
     Called when distcompat destroys its process group: the connections (clones of the group's
-    TCPStore, made on the worker thread) are destroyed there, while the interpreter runs. Left
-    to the process exit, 2-rank training runs under mpirun ended in SIGABRT on rank 1 ("terminate
-    called without an active exception", 2-4 of 6 runs; 0 of 6 with the mismatch check off).
+    TCPStore, made on the worker thread) are destroyed there, while the interpreter runs, rather
+    than left to the process exit. (This was first thought to be the SIGABRT at exit seen under
+    mpirun; that came from the gloo threads of a group torch keeps alive, see
+    ``process_group._lifecycle._destroy_group``.)
 
     Example:
         >>> shut_down()

@@ -40,7 +40,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import time
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -265,10 +267,35 @@ def destroy_distributed() -> None:
         )
         return
     if dist.is_initialized():
-        dist.destroy_process_group()
+        _destroy_group()
     from distcompat.collectives._store import shut_down  # imported by init already
 
     shut_down()
+
+
+#: How long destroy releases the GIL when torch keeps a destroyed group alive (seconds).
+SETTLE_S = 0.05
+
+
+def _destroy_group() -> None:
+    """Destroy every group; if torch still holds the default one, let its threads settle.
+
+    Destroying normally frees the group, and its backend joins its worker threads. But
+    ``torch.distributed.nn.functional`` binds ``group.WORLD`` into its functions' defaults when it
+    is imported after init (``torch.optim`` and ``torch._dynamo`` import it), and then the group
+    and its gloo threads live until interpreter teardown. Such a thread, dropping the last op's
+    Work, needs the GIL when the op's tensors died first on the Python side (every internal
+    all-gather's tensors do); if the interpreter starts finalizing meanwhile, the thread is ended
+    by ``pthread_exit`` through C++ and the process aborts ("terminate called without an active
+    exception": 4 of 10 two-rank training runs under mpirun whose last step saved a
+    checkpoint). Releasing the GIL for :data:`SETTLE_S` lets such a thread finish first.
+    """
+    world = dist.group.WORLD
+    survivor = weakref.ref(world) if world is not None else None
+    del world
+    dist.destroy_process_group()
+    if survivor is not None and survivor() is not None:
+        time.sleep(SETTLE_S)
 
 
 @contextlib.contextmanager
