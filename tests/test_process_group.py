@@ -21,6 +21,7 @@ import torch.distributed as dist
 import distcompat
 from _rank_processes import run_ranks
 from distcompat import DeviceBindingError, DistInitError, LaunchEnv
+from distcompat.collectives import CollectiveMismatchError
 from distcompat.launch._host import override_host, probe_host
 from distcompat.testing import run_on_ranks
 
@@ -284,6 +285,32 @@ def _cuda_tensors_through_gloo() -> tuple[str, str | None, float]:
 @pytest.mark.cuda
 def test_cuda_tensors_through_gloo() -> None:
     assert run_on_ranks(_cuda_tensors_through_gloo, 2) == [("cuda:0", "gloo", 4.0)] * 2
+
+
+def _barrier_against_all_reduce() -> tuple[str, float]:
+    try:
+        if distcompat.get_rank() == 0:
+            distcompat.barrier()
+        else:
+            distcompat.all_reduce(torch.ones(3))
+        message = "no error"
+    except CollectiveMismatchError as exc:
+        message = str(exc)
+    after = torch.ones(2)
+    distcompat.all_reduce(after)  # the group still works
+    distcompat.barrier()
+    return message, after.sum().item()
+
+
+def test_a_barrier_meets_the_mismatch_check() -> None:
+    """``distcompat.barrier()`` on one rank, an ``all_reduce`` on the other: an error on both.
+
+    The barrier used to be torch's own, beside the checks: the two calls met in gloo.
+    """
+    for message, after in run_on_ranks(_barrier_against_all_reduce, 2, timeout=60):
+        assert "barrier" in message, message
+        assert "all_reduce" in message, message
+        assert after == 4.0
 
 
 EXIT_SCRIPT = Path(__file__).with_name("_exit_script.py")

@@ -23,7 +23,6 @@ from distcompat.launch import LaunchEnv
 
 __all__ = [
     "DistInfo",
-    "barrier",
     "get_local_rank",
     "get_rank",
     "get_world_size",
@@ -203,19 +202,3 @@ def is_main_process() -> bool:
         True
     """
     return get_rank() == 0
-
-
-def barrier() -> None:
-    """Block until every rank arrives; the identity without a group or at world size 1.
-
-    Every rank must call it (never inside ``if rank == 0:``).
-
-    Example:
-        >>> barrier()   # single process: returns at once
-    """
-    if not group_active() or dist.get_world_size() == 1:
-        return
-    if _info is not None and _info.device.type == "cuda" and "nccl" in str(dist.get_backend()):
-        dist.barrier(device_ids=[_info.device.index or 0])
-    else:
-        dist.barrier()

@@ -27,9 +27,10 @@ import torch
 import torch.distributed as dist
 
 from distcompat import collectives
-from distcompat._ranks import barrier, get_world_size
+from distcompat._ranks import get_world_size
 from distcompat.bench._stats import OPS, BenchRow
 from distcompat.collectives.shm import _path as shm_path
+from distcompat.process_group import barrier
 
 __all__ = ["PATHS", "BenchConfig", "measure"]
 

@@ -6,18 +6,19 @@ The two lines a training script writes::
     print(info.reason)                                  # why this device, backend and timeout
 
 ``_lifecycle`` holds init/destroy (and wires in identity publishing, launch pitfalls and the
-watchdog), ``_create`` makes or adopts the group; the rank queries re-exported here live in
-``distcompat._ranks``, below the collectives, so that every layer can ask for a rank.
+watchdog), ``_create`` makes or adopts the group, ``_barrier`` is the barrier a script writes (a
+distcompat collective); the rank queries re-exported here live in ``distcompat._ranks``, below
+the collectives, so that every layer can ask for a rank.
 """
 
 from distcompat._ranks import (
     DistInfo,
-    barrier,
     get_local_rank,
     get_rank,
     get_world_size,
     is_main_process,
 )
+from distcompat.process_group._barrier import barrier
 from distcompat.process_group._create import DistInitError
 from distcompat.process_group._lifecycle import (
     destroy_distributed,
