@@ -256,7 +256,7 @@ def _rank_save_late(root: str, late_s: float, dump_dir: str) -> list[str] | None
     """The last rank reaches the save late; the others' arrival wait is reported, then all save."""
     rank, world = dist.get_rank(), dist.get_world_size()
     with distcompat.watchdog(timeout=1.0, action="report", dump_dir=dump_dir) as watching:
-        # a recorded call: the watchdog charges a wait without a record of its own to the newest
+        # a finished collective first: the arrival's wait must not be charged to its record
         distcompat.all_reduce(torch.ones(1))
         if rank == world - 1:
             time.sleep(late_s)
@@ -265,6 +265,8 @@ def _rank_save_late(root: str, late_s: float, dump_dir: str) -> list[str] | None
     if rank != 0:
         return None
     assert report is not None, "no hang report"
+    assert report.trigger.startswith("rank 0: save_checkpoint(step=1) at "), report.trigger
+    assert "all_reduce" not in report.trigger, report.trigger
     return [state.phase if state is not None else "no answer" for state in report.states.values()]
 
 

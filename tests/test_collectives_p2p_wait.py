@@ -92,9 +92,10 @@ def test_a_peer_that_never_comes_is_named_at_the_group_timeout(op: str, world_si
     assert kind == "CollectiveTimeoutError", first
     assert GROUP_TIMEOUT_S - 0.1 <= taken < GROUP_TIMEOUT_S + SLACK_S, first
     assert peers == [world_size - 1]
+    toward = "from" if op == "recv" else "to"
     assert message.startswith(
         f"{op}: timed out after {GROUP_TIMEOUT_S:g}s (the group's timeout) in the backend wait of "
-        f"{op}: not every rank arrived (rank {world_size - 1})"
+        f"{op} {toward} rank {world_size - 1}: not every rank arrived (rank {world_size - 1})"
     ), message
 
 
@@ -134,8 +135,7 @@ def _rank_late_sender(late_s: float, dump_dir: str) -> tuple[str, str] | None:
     """Rank 1 sends late; rank 0's recv outlasts a 1 s report-only watchdog and is reported."""
     rank = dist.get_rank()
     with distcompat.watchdog(timeout=1.0, action="report", dump_dir=dump_dir) as watching:
-        # The watchdog charges a wait without a record of its own (a p2p op) to the newest
-        # recorded call: without one it would not report this wait.
+        # A finished collective first: the recv's wait must not be charged to its record.
         dist.all_reduce(torch.ones(1))
         if rank == 1:
             time.sleep(late_s)
@@ -153,8 +153,14 @@ def test_the_watchdog_reports_the_recv_phase(tmp_path: Path) -> None:
     first, _ = run_on_ranks(_rank_late_sender, 2, args=(3.0, str(tmp_path)), timeout=60)
     assert first is not None
     phase, text = first
-    assert phase == "in the backend wait of recv"
-    assert re.search(r"rank 0 \(.*\): waiting in .* in the backend wait of recv", text), text
+    assert phase == "in the backend wait of recv from rank 1"
+    assert re.search(r"trigger: rank 0: recv from rank 1 at \S+p2p_wait.py:\d+ not complete", text)
+    assert "rank 0 waits in the backend wait of recv from rank 1, outside any collective" in text
+    assert re.search(
+        r"rank 0 \(.*\): not in a distcompat collective, in the backend wait of recv from rank 1",
+        text,
+    ), text
+    assert "every rank is in the same collective" not in text
 
 
 def test_the_default_watchdog_reports_the_recv_and_the_timeout_names_the_sender(

@@ -66,6 +66,22 @@ def test_verdict_names_missing_behind_and_diverged(
     assert verdict.findings  # always says something
 
 
+def test_a_wait_outside_any_collective_is_said_in_its_own_words() -> None:
+    """A rank in a point-to-point wait, its peer elsewhere: no collective is blamed for it."""
+    waiting = RankState.from_json(
+        _state(1, 2, None).to_json() | {"phase": "in the backend wait of recv from rank 0"}
+    )
+    states = {0: _state(0, 2, None), 1: waiting}
+    report = HangReport(incident=1, written_by=1, timeout=1.0, world_size=2, trigger="t",
+                        states=states)  # fmt: skip
+    assert report.verdict.findings == (
+        "rank 1 waits in the backend wait of recv from rank 0, outside any collective",
+    )
+    assert waiting.doing() == (
+        "not in a distcompat collective, in the backend wait of recv from rank 0"
+    )
+
+
 @settings(max_examples=30, deadline=None)
 @given(accounts)
 def test_report_json_round_trip(raw: list[tuple[int, str | None] | None]) -> None:

@@ -89,6 +89,7 @@ class SaveGroup:
                 started=begun,
                 deadline=deadline,
                 awaited=missing,
+                call=what,  # not a collective: reported in its own words, not as a record
             )
 
         if self.rank == 0:

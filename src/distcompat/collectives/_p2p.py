@@ -103,6 +103,7 @@ def _blocking(
     """
 
     def wait(started: float) -> Wait:
+        toward = "any rank" if peer is None else f"rank {peer}"
         return Wait(
             op=op,
             phase="backend wait",
@@ -110,6 +111,7 @@ def _blocking(
             started=started,
             deadline=started + _timeout_s(group),
             awaited=None if peer is None else lambda: (peer,),
+            call=f"{op} {'from' if op == 'recv' else 'to'} {toward}",
         )
 
     started = time.monotonic()

@@ -43,6 +43,7 @@ __all__ = [
     "explain",
     "observer",
     "polled",
+    "thread_of",
     "timeout_error",
     "until",
     "work_ready",
@@ -62,12 +63,17 @@ class Wait:
     ``started`` is when the call began (``time.monotonic()``); ``deadline`` ends the wait with
     :class:`CollectiveTimeoutError` (None: the backend's own timeout ends it); ``awaited``
     returns the global ranks not yet arrived (None: not known). ``record`` is the watchdog's,
-    whatever it keeps for the call while it watches this wait.
+    whatever it keeps for the call while it watches this wait. ``call`` is set for a wait
+    outside any collective (a point-to-point call, a save's arrival): the call in words ("recv
+    from rank 1"), which the watchdog reports as it is; a collective's wait leaves it empty
+    (its record says what the call is).
 
     Example:
         >>> w = Wait(op="all_reduce", phase="mismatch check", group=None, started=0.0)
         >>> w.describe()
         'in the mismatch check of all_reduce'
+        >>> Wait(op="recv", phase="backend wait", group=None, call="recv from rank 1").describe()
+        'in the backend wait of recv from rank 1'
     """
 
     op: str
@@ -77,10 +83,11 @@ class Wait:
     deadline: float | None = None
     awaited: Callable[[], tuple[int, ...] | None] | None = None
     record: Any = None
+    call: str = ""
 
     def describe(self) -> str:
-        """``in the <phase> of <op>``: what a report says of the rank that waits here."""
-        return f"in the {self.phase} of {self.op}"
+        """``in the <phase> of <op>`` (or of the ``call``): what a report says of the rank."""
+        return f"in the {self.phase} of {self.call or self.op}"
 
 
 class Observer(Protocol):
@@ -101,6 +108,16 @@ explain: Callable[[tuple[int, ...]], str] | None = None
 
 #: thread ident -> the wait that thread is in (only while it outlasts its first slice).
 _waits: dict[int, Wait] = {}
+
+
+def thread_of(wait: Wait) -> int | None:
+    """Return the ident of the thread that is in ``wait`` (None if no thread shows it now).
+
+    Example:
+        >>> thread_of(Wait(op="recv", phase="backend wait", group=None)) is None
+        True
+    """
+    return next((thread for thread, shown in list(_waits.items()) if shown is wait), None)
 
 
 def current(thread: int | None = None) -> Wait | None:

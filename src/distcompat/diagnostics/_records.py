@@ -38,6 +38,7 @@ __all__ = [
     "Recorder",
     "call_site",
     "group_label",
+    "thread_call_site",
     "to_record",
 ]
 
@@ -106,7 +107,24 @@ class CollectiveRecord:
 
 def _site(depth: int) -> tuple[str, int]:
     """Return (file, line) of the innermost frame outside distcompat, torch and contextlib."""
-    frame: FrameType | None = sys._getframe(depth + 1)
+    return _site_from(sys._getframe(depth + 1))
+
+
+def thread_call_site(thread: int | None) -> str:
+    """Return ``file:line`` where ``thread`` (an ident) is in user code now ("?" if unknown).
+
+    For a call watched from another thread (``collectives._blocking.beside``).
+
+    Example:
+        >>> import threading
+        >>> thread_call_site(threading.get_ident()).startswith("<doctest")
+        True
+    """
+    frame = sys._current_frames().get(thread) if thread is not None else None
+    return _site_text(_site_from(frame)) if frame is not None else "?"
+
+
+def _site_from(frame: FrameType | None) -> tuple[str, int]:
     while frame is not None and frame.f_code.co_filename.startswith(_SKIP):
         frame = frame.f_back
     if frame is None:

@@ -56,7 +56,8 @@ class RankState:
         """Say what the rank was doing: the collective it waits in, or where its main thread is."""
         if not self.in_flight:
             where = f"; main thread at {' <- '.join(self.main_frames)}" if self.main_frames else ""
-            return "not in a distcompat collective" + where
+            outside = f", {self.phase}" if self.phase else ""  # a p2p call, a save's arrival
+            return "not in a distcompat collective" + outside + where
         record = self.in_flight[0]
         phase = f", {self.phase}" if self.phase else ""
         return f"waiting in {record.describe()} for {self.published - record.started:.1f}s{phase}"
@@ -174,6 +175,9 @@ def analyse(states: Mapping[int, RankState | None], world_size: int) -> Verdict:
                 f"\n      rank {r}: {rec.describe()}" for r, rec in sorted(calls.items())
             )
             findings.append(f"ranks disagree on call #{seq} of group {label}:{sides}")
+    outside = {r: s.phase for r, s in answered.items() if s.phase and not s.in_flight}
+    for r, phase in sorted(outside.items()):
+        findings.append(f"rank {r} waits {phase}, outside any collective")
     if not findings:
         findings.append(
             "no rank is behind and all agree: every rank is in the same collective, which is "

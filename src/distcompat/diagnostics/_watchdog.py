@@ -50,7 +50,7 @@ from distcompat.diagnostics._config import Action, WatchdogConfig
 from distcompat.diagnostics._errors import HangError
 from distcompat.diagnostics._exit import declared_failure, note_failure
 from distcompat.diagnostics._incidents import IncidentDesk
-from distcompat.diagnostics._records import CollectiveRecord, Raw, Recorder, to_record
+from distcompat.diagnostics._records import Raw, Recorder, thread_call_site, to_record
 from distcompat.diagnostics._report import HangReport
 
 __all__ = ["Watchdog", "watchdog"]
@@ -72,7 +72,8 @@ class Watchdog:
 
     def __init__(self, config: WatchdogConfig) -> None:
         self.config = config
-        self._reported: Raw | None = None  # the call whose wait was last declared a hang
+        # the call (its record) whose wait was last declared a hang, or a wait outside any call
+        self._reported: Raw | waits.Wait | None = None
         self._opened: set[int] = set()  # waits (by id) that watch() marked in flight
         self._recorder = Recorder(config.history)
         self._desk = IncidentDesk(config, self._recorder)  # the thread, the reports, the dumps
@@ -254,6 +255,13 @@ class Watchdog:
         The call's age counts from when it entered distcompat (its record's start), whatever
         phase it is in now. One report per call; a raising watchdog raises HangError here.
         """
+        if wait.call:  # outside any collective (p2p, a save's arrival): not charged to a record
+            late = time.monotonic() - wait.started >= self.config.timeout
+            if late and self._reported is not wait:
+                self._reported = wait
+                site = thread_call_site(waits.thread_of(wait))
+                self._hung(f"{wait.call} at {site}", wait.started, wait.op)
+            return
         raw = wait.record
         if raw is None:  # a wait before the backend call: the call this thread is making
             raw = self._recorder.in_call()
@@ -269,7 +277,7 @@ class Watchdog:
         if time.monotonic() - started < self.config.timeout or self._reported is raw:
             return
         self._reported = raw
-        self._hung(to_record(raw), started, wait.op)  # raises HangError unless only reporting
+        self._hung(to_record(raw).describe(), started, wait.op)  # HangError unless report-only
 
     def release(self, wait: waits.Wait) -> None:
         """Stop showing a watched wait's call in flight: the wait ended."""
@@ -310,16 +318,16 @@ class Watchdog:
         raw, started = entry
         if not done.wait(max(0.0, self.config.timeout - (time.monotonic() - started))):
             record = to_record(raw)
-            self._hung(record, started, record.op)
+            self._hung(record.describe(), started, record.op)
             done.wait()
         error = declared_failure(handle.exception())
         if error is not None:
             note_failure(f"{to_record(raw).op}: {type(error).__name__}")
 
-    def _hung(self, record: CollectiveRecord, started: float, op: str) -> None:
-        """Handle an op that did not finish in time: report, then raise unless only reporting."""
+    def _hung(self, what: str, started: float, op: str) -> None:
+        """Handle a call (``what``: its words) not done in time: report, raise unless reporting."""
         timeout = self.config.timeout
-        reason = f"rank {self._desk.rank}: {record.describe()} not complete after {timeout:g}s"
+        reason = f"rank {self._desk.rank}: {what} not complete after {timeout:g}s"
         self._desk.declare(reason, started)
         if self.config.action == "raise":
             note_failure(f"{op}: HangError")
