@@ -2,11 +2,19 @@
 
 It waits on a few async all_reduce and reduce_scatter_tensor futures, as a ZeRO-style optimizer
 does, then simply ends. Its process must exit 0 (issue 28: it ended in SIGABRT 3-5 times in 10).
+
+With ``--freed`` it makes an optimizer after init (``torch.optim`` imports
+``torch.distributed.nn.functional``, whose defaults once kept the group), destroys the group and
+prints ``FREED <rank> <whether the group object is gone>``.
 """
 
 from __future__ import annotations
 
+import sys
+import weakref
+
 import torch
+import torch.distributed as dist
 
 import distcompat
 
@@ -14,6 +22,9 @@ import distcompat
 def main() -> None:
     """Wait on async futures, print, and return with the group still up."""
     info = distcompat.init_distributed(device="cpu")
+    if "--freed" in sys.argv:
+        freed(info.rank)
+        return
     buckets = [torch.ones(8) for _ in range(3)]
     futures = []
     for grads in buckets:
@@ -24,6 +35,16 @@ def main() -> None:
     for future in futures:
         future.wait()
     print("DONE", info.rank, sum(b[0].item() for b in buckets), flush=True)
+
+
+def freed(rank: int) -> None:
+    """Make an optimizer after init, destroy the group, and say whether it was freed."""
+    weight = torch.nn.Parameter(torch.ones(4))
+    torch.optim.SGD([weight], lr=0.1).step()
+    distcompat.all_reduce(torch.ones(4))
+    world = weakref.ref(dist.group.WORLD)
+    distcompat.destroy_distributed()
+    print("FREED", rank, world() is None, flush=True)
 
 
 if __name__ == "__main__":

@@ -316,6 +316,17 @@ def test_a_barrier_meets_the_mismatch_check() -> None:
 EXIT_SCRIPT = Path(__file__).with_name("_exit_script.py")
 
 
+def test_destroy_frees_the_group_an_optimizer_made_after_init_would_keep() -> None:
+    """``torch.optim`` imported after init once kept the destroyed group (and its gloo threads).
+
+    Real rank processes (``run_ranks``): the group object must be gone after destroy, so its
+    threads are joined before the interpreter's teardown (where one ended a job in SIGABRT).
+    """
+    for r in run_ranks(EXIT_SCRIPT, 2, args=("--freed",), timeout=60):
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"FREED {r.rank} True" in r.stdout, r.stdout + r.stderr[-2000:]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("shm", ["off", "auto"])
 def test_a_script_that_succeeded_exits_0_without_destroying_its_group(shm: str) -> None:

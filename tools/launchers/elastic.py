@@ -14,9 +14,9 @@
   the same command again must resume it, with the same checks.
 * ``openmpi-exits``: ten short runs of the same script under ``mpirun -np 2`` whose last step
   saves a checkpoint, then the script destroys its group and returns; all ten must exit 0 on
-  both ranks. The script's optimizer makes torch keep the destroyed group and its gloo threads
-  alive until teardown; before ``destroy_distributed`` let them settle, 4 of 10 such runs ended
-  in SIGABRT on one rank ("terminate called without an active exception").
+  both ranks. Its optimizer, made after init, once made torch keep the destroyed group and its
+  gloo threads alive until teardown, and 1-5 of 10 such runs ended in SIGABRT on one rank
+  ("terminate called without an active exception").
 * ``torchrun-2node-shrink``: torchrun ``--nnodes=1:2`` on the two namespace nodes, one rank
   each; rank 1 kills its agent and itself (node 1 is lost); node 0's agent restarts alone, and
   the run must finish on 1 rank, resumed from the newest checkpoint, each sample seen once.

@@ -8,6 +8,7 @@ binds the run device and returns the :class:`~distcompat.DistInfo` with its reas
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import torch
@@ -146,6 +147,21 @@ def _make_store(launch: LaunchEnv, timeout: timedelta) -> dist.Store:
         ) from exc
 
 
+def _import_before_the_group() -> None:
+    """Import ``torch.distributed.nn.functional`` while no default group exists (about 3 ms).
+
+    Its functions take ``group=group.WORLD`` as a default argument, evaluated at import. First
+    imported after init (``torch.optim`` and ``torch._dynamo`` import it), they hold that group
+    for good: ``destroy_process_group`` then leaves it and its gloo threads alive until
+    interpreter teardown, where such a thread can abort the process (see
+    ``_lifecycle._destroy_group``), and those functions go on using the destroyed group. Imported
+    now, their default is None: the default group at call time.
+    """
+    with contextlib.suppress(ImportError):  # a build without it: nothing can pin the group
+        # at init, not with distcompat: importing it costs what a first init may spend
+        import torch.distributed.nn.functional  # noqa: F401
+
+
 def create_group(
     device: str | torch.device,
     backend: str | None,
@@ -165,6 +181,7 @@ def create_group(
     # every generation rendezvouses under keys no earlier group has written.
     generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
     keep_rendezvous(store, generation)
+    _import_before_the_group()
     dist.init_process_group(
         backend=picked.backend,
         store=dist.PrefixStore(f"distcompat/generation{generation}", store),

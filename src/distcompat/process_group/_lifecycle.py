@@ -278,17 +278,18 @@ SETTLE_S = 0.05
 
 
 def _destroy_group() -> None:
-    """Destroy every group; if torch still holds the default one, let its threads settle.
+    """Destroy every group; if something still holds the default one, let its threads settle.
 
-    Destroying normally frees the group, and its backend joins its worker threads. But
-    ``torch.distributed.nn.functional`` binds ``group.WORLD`` into its functions' defaults when it
-    is imported after init (``torch.optim`` and ``torch._dynamo`` import it), and then the group
-    and its gloo threads live until interpreter teardown. Such a thread, dropping the last op's
-    Work, needs the GIL when the op's tensors died first on the Python side (every internal
-    all-gather's tensors do); if the interpreter starts finalizing meanwhile, the thread is ended
-    by ``pthread_exit`` through C++ and the process aborts ("terminate called without an active
-    exception": 4 of 10 two-rank training runs under mpirun whose last step saved a
-    checkpoint). Releasing the GIL for :data:`SETTLE_S` lets such a thread finish first.
+    Destroying normally frees the group, and its backend joins its worker threads. A group that
+    something else still holds (a script's own reference; ``torch.distributed.nn.functional``,
+    which binds ``group.WORLD`` into its defaults when first imported after init, as
+    ``torch.optim`` does: ``_create`` imports it before the group exists) lives with its gloo
+    threads until interpreter teardown. Such a thread, dropping the last op's Work, needs the
+    GIL when the op's tensors died first on the Python side (every internal all-gather's tensors
+    do); if the interpreter starts finalizing meanwhile, the thread is ended by ``pthread_exit``
+    through C++ and the process aborts ("terminate called without an active exception": 1-5 of
+    10 two-rank training runs under mpirun whose last step saved a checkpoint). Releasing the GIL
+    for :data:`SETTLE_S` lets such a thread finish first.
     """
     world = dist.group.WORLD
     survivor = weakref.ref(world) if world is not None else None
