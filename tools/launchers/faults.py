@@ -32,6 +32,8 @@ from verdict import Verdict
 FAULT_TRAIN = HERE / "fault_train.py"
 GROUP_TIMEOUT_S = 20.0
 DETECTION_SLACK_S = 10.0  # the issue's bound: a partition is reported within timeout + 10 s
+#: What a timeout error says when it could not read who is missing (collectives._wait).
+STORE_SILENT = "the rendezvous store did not answer"
 DROP_S = 5.0
 WARM_STEPS = 20  # steps both ranks finish before the fault, so it hits a running job
 START_TIMEOUT_S = 90.0
@@ -263,7 +265,8 @@ def store_partition(ctx: Context) -> Verdict:
       ranks with a typed error (``CollectiveTimeoutError`` or ``PeerLostError``) within the
       group timeout + 10 s of the stop, not hang: rank 0 (which reaches the store) names rank
       1, whose post never came; rank 1 cannot read the store that says who is missing, so it
-      may name no rank, but never a wrong one.
+      may name no rank, but never a wrong one, and then its message says the store did not
+      answer.
 
     With ``auto``, the nodes' steps go through shared memory (they share this machine's
     ``/dev/shm``), which the verdict reports; gloo carries the final call.
@@ -297,6 +300,9 @@ def store_partition(ctx: Context) -> Verdict:
     for rank, result in sorted(results.items()):
         if result.get("wrong_steps", 0):
             problems.append(f"rank {rank}: {result['wrong_steps']} all-reduces wrong")
+        unnamed = result.get("peer") is None and result.get("error") == "CollectiveTimeoutError"
+        if unnamed and STORE_SILENT not in str(result.get("message", "")):
+            problems.append(f"rank {rank} named no rank without saying why: {result['message']}")
     if problems:
         return Verdict(ok=False, line=f"FAIL {'; '.join(problems)} ({seconds:.1f} s)")
     path = "shared memory" if shared else "gloo"

@@ -183,14 +183,23 @@ def polled(look: Callable[[], bool]) -> Callable[[float], bool]:
 def timeout_error(wait: Wait, timeout_s: float) -> CollectiveTimeoutError:
     """Return the error of ``wait`` past its deadline, naming the ranks that never arrived.
 
+    An ``awaited`` that returns None could not ask (the rendezvous store did not answer: a
+    network partition, or the store's host is gone); the message says so instead of blaming a
+    rank.
+
     Example:
         >>> w = Wait(op="all_reduce", phase="mismatch check", group=None, awaited=lambda: (1,))
         >>> timeout_error(w, 20.0).peers
         (1,)
+        >>> w.awaited = lambda: None
+        >>> "the rendezvous store did not answer" in str(timeout_error(w, 20.0))
+        True
     """
     absent = wait.awaited() if wait.awaited is not None else None
     ranks = ", ".join(map(str, absent or ()))
     named = f" (rank{'s' if len(absent or ()) > 1 else ''} {ranks})" if absent else ""
+    if absent is None and wait.awaited is not None:
+        named = " (which ones could not be read: the rendezvous store did not answer)"
     message = (
         f"{wait.op}: timed out after {timeout_s:g}s (the group's timeout) {wait.describe()}: "
         f"not every rank arrived{named}; a rank stuck elsewhere, or a collective only some ranks "
