@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -265,8 +266,9 @@ def _rank_save_late(root: str, late_s: float, dump_dir: str) -> list[str] | None
     if rank != 0:
         return None
     assert report is not None, "no hang report"
-    assert report.trigger.startswith("rank 0: save_checkpoint(step=1) at "), report.trigger
-    assert "all_reduce" not in report.trigger, report.trigger
+    # the first rank to wait a second declares it: rank 0, or another rank that came in time
+    pattern = r"rank \d+: save_checkpoint\(step=1\) at \S+test_checkpoint\.py:\d+ not complete"
+    assert re.match(pattern, report.trigger), report.trigger
     return [state.phase if state is not None else "no answer" for state in report.states.values()]
 
 

@@ -71,7 +71,7 @@ def test_a_wait_outside_any_collective_is_said_in_its_own_words() -> None:
     waiting = RankState.from_json(
         _state(1, 2, None).to_json() | {"phase": "in the backend wait of recv from rank 0"}
     )
-    states = {0: _state(0, 2, None), 1: waiting}
+    states: dict[int, RankState | None] = {0: _state(0, 2, None), 1: waiting}
     report = HangReport(incident=1, written_by=1, timeout=1.0, world_size=2, trigger="t",
                         states=states)  # fmt: skip
     assert report.verdict.findings == (
