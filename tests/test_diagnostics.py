@@ -227,6 +227,26 @@ def test_no_hang_no_report_and_results_unchanged() -> None:
         assert values == [64.0] * 8  # 6 sums over 2 ranks: 2**6
 
 
+def _rank_inner_incident(dump_dir: str) -> tuple[bool, bool]:
+    """A nested watchdog reports a late rank; the outer one, resumed, must not report it again."""
+    from distcompat.diagnostics import _hooks
+
+    outer = _hooks.state.watchdogs[-1]  # init's default (report-only) watchdog
+    before = outer.last_report
+    with watchdog(timeout=1.0, action="report", dump_dir=dump_dir) as inner:
+        if distcompat.get_rank() == 1:
+            time.sleep(2.5)
+        all_reduce(torch.ones(1))
+    time.sleep(outer.config.poll_s + 1.0)  # the outer thread's first look after it resumed
+    return inner.last_report is not None, outer.last_report is before
+
+
+def test_an_outer_watchdog_does_not_report_the_inner_ones_incident_again(tmp_path: Path) -> None:
+    for reported, outer_quiet in run_on_ranks(_rank_inner_incident, 2, args=(str(tmp_path),)):
+        assert reported
+        assert outer_quiet
+
+
 def _init_option() -> tuple[bool, bool]:
     from distcompat.collectives import _checked
     from distcompat.testing import DEFAULT_TIMEOUT_S

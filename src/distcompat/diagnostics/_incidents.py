@@ -87,6 +87,15 @@ class IncidentDesk:
         except ChannelError as exc:
             self.channel, self.channel_reason = None, f"this rank only: {exc}"
 
+    def catch_up(self, inner: IncidentDesk) -> None:
+        """Count the incidents a nested watchdog's desk handled as handled here too.
+
+        Both desks read one incident counter in the side channel; without this, an outer
+        watchdog resuming after an inner one would answer the inner's incident again (a second
+        report of a hang already reported, collected from ranks that have moved on).
+        """
+        self._seen = max(self._seen, inner._seen)
+
     def launch(self) -> None:
         """Start the thread that answers alarms (and raises one for a stalled async op)."""
         self._stop.clear()

@@ -141,6 +141,7 @@ class Watchdog:
             outer = _hooks.state.watchdogs[-1] if _hooks.state.watchdogs else None
             _hooks.refresh()
         if outer is not None:
+            outer._desk.catch_up(self._desk)
             outer._desk.launch()
 
     def __enter__(self) -> Watchdog:
