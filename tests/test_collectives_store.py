@@ -19,7 +19,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from distcompat.collectives._store import TIMEOUT_S, QuickStore, StoreUnreachable
+from distcompat.collectives._store import STUCK_GRACE_S, TIMEOUT_S, QuickStore, StoreUnreachable
 
 _SERVER = """
 import sys, time
@@ -93,6 +93,29 @@ def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
         os.kill(child.pid, signal.SIGCONT)
     quick.set("k2", "2")  # the stuck request came back: the same connection is used on
     assert quick.multi_get(["k", "k2"]) == [b"1", b"2"]
+
+
+def test_while_a_request_is_stuck_past_its_bound_the_next_ones_fail_at_once(
+    server: tuple[subprocess.Popen[str], int],
+) -> None:
+    """One request waits its bound; the ones after it do not each wait it again."""
+    child, port = server
+    quick = _quick(port)
+    assert quick.check(["k"])
+    _stop(child.pid)
+    try:
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachable, match="did not answer check within"):
+            quick.check(["k"])
+        assert TIMEOUT_S - 0.1 <= time.monotonic() - started < TIMEOUT_S + 1.5
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(StoreUnreachable, match="an earlier check is still unanswered"):
+                quick.multi_get(["k"])
+            assert time.monotonic() - started < STUCK_GRACE_S + 0.5
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
+    assert quick.multi_get(["k"]) == [b"1"]
 
 
 def test_a_store_that_went_away_is_unreachable(

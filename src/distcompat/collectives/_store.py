@@ -16,9 +16,13 @@ clone of the group's store, made on that thread), and the caller waits at most
     quick.check(["s/3/0", "s/3/1"])    # raises StoreUnreachable within TIMEOUT_S
 
 A request that does not come back in time leaves the thread blocked in it. Until it returns,
-every further request waits once more for it (up to :data:`TIMEOUT_S`) and then fails without
-being sent (one stuck thread at most, never one per request); when it does return, the
-connection is in step again and is used on; after an error it is replaced.
+every further request waits for it only what is left of that request's own :data:`TIMEOUT_S`
+(at least :data:`STUCK_GRACE_S`), then fails without being sent: one stuck thread at most,
+never one per request. While the store is silent each request so fails within a quarter
+second, and a caller that asks between the slices of its wait does not push that wait past its
+deadline (a store-only partition ended rank 1's collective 3 s past the group timeout when each
+request waited 2 s more). When the stuck request returns, the connection is in step again and
+is used on; after an error it is replaced.
 """
 
 from __future__ import annotations
@@ -30,12 +34,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-__all__ = ["TIMEOUT_S", "QuickStore", "StoreUnreachable", "asked_until", "shut_down"]
+__all__ = [
+    "STUCK_GRACE_S",
+    "TIMEOUT_S",
+    "QuickStore",
+    "StoreUnreachable",
+    "asked_until",
+    "shut_down",
+]
 
 T = TypeVar("T")
 
 #: How long one request of the check may wait for the store (seconds).
 TIMEOUT_S = 2.0
+#: What a request waits for one stuck past its own bound (seconds): while the store is silent
+#: each request fails this fast; once it answers, the stuck one returns within it.
+STUCK_GRACE_S = 0.25
 
 
 class StoreUnreachable(RuntimeError):
@@ -50,6 +64,8 @@ class _Request:
     done: threading.Event = field(default_factory=threading.Event)
     value: Any = None
     error: BaseException | None = None
+    timeout: float = TIMEOUT_S  # how long its caller waits for it
+    begun: float = 0.0  # when the worker thread started it (time.monotonic())
 
 
 class _Worker:
@@ -70,6 +86,7 @@ class _Worker:
                     target._conn = None
                 self.served.clear()
                 return
+            request.begun = time.monotonic()
             self.current = request
             target = request.target
             try:
@@ -136,11 +153,14 @@ class QuickStore:
     def _request(self, name: str, *args: Any, timeout: float = TIMEOUT_S) -> Any:
         worker = _the_worker()
         stuck = worker.current  # a request given up on earlier, or another thread's
-        if stuck is not None and not stuck.done.wait(timeout):
-            raise StoreUnreachable(
-                f"the rendezvous store did not answer: an earlier {stuck.name} is still unanswered"
-            )
-        request = _Request(self, name, args)
+        if stuck is not None:
+            left = stuck.begun + stuck.timeout - time.monotonic()  # its own bound, not a new one
+            if not stuck.done.wait(min(timeout, max(STUCK_GRACE_S, left))):
+                raise StoreUnreachable(
+                    "the rendezvous store did not answer: an earlier "
+                    f"{stuck.name} is still unanswered"
+                )
+        request = _Request(self, name, args, timeout=timeout)
         worker.requests.put(request)
         if not request.done.wait(timeout):
             raise StoreUnreachable(
