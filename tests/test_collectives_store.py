@@ -75,14 +75,20 @@ def _quick(port: int) -> QuickStore:
     return QuickStore(dist.PrefixStore("agree", client))
 
 
-def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
-    server: tuple[subprocess.Popen[str], int],
-) -> None:
-    child, port = server
+def _silenced(child: subprocess.Popen[str], port: int) -> QuickStore:
+    """Connect to the server, see it answer, then stop it (SIGSTOP): a silent store."""
     quick = _quick(port)
     assert quick.check(["k"])
     assert quick.multi_get(["k"]) == [b"1"]
     _stop(child.pid)
+    return quick
+
+
+def test_requests_are_bounded_while_the_store_is_silent_and_resume_after(
+    server: tuple[subprocess.Popen[str], int],
+) -> None:
+    child, port = server
+    quick = _silenced(child, port)
     try:
         for _ in range(3):  # the first gives up after TIMEOUT_S; later ones do not pile up
             started = time.monotonic()
@@ -100,9 +106,7 @@ def test_while_a_request_is_stuck_past_its_bound_the_next_ones_fail_at_once(
 ) -> None:
     """One request waits its bound; the ones after it do not each wait it again."""
     child, port = server
-    quick = _quick(port)
-    assert quick.check(["k"])
-    _stop(child.pid)
+    quick = _silenced(child, port)
     try:
         started = time.monotonic()
         with pytest.raises(StoreUnreachable, match="did not answer check within"):

@@ -54,20 +54,28 @@ class Restart:
     binaries: tuple[str, ...] = ()
 
 
-def _script(out: Path, kill: str, run: str, *extra: str) -> list[str]:
+def _script(out: Path, kill: str, run: str, *extra: str, samples: int = SAMPLES) -> list[str]:
     argv = [str(ELASTIC_TRAIN), "--out", str(out), "--tag", run]
-    argv += ["--samples", str(SAMPLES), "--batch", str(BATCH), "--every", str(EVERY)]
+    argv += ["--samples", str(samples), "--batch", str(BATCH), "--every", str(EVERY)]
     return argv + (["--kill", kill] if kill else []) + list(extra)
 
 
 def _launch(
-    ctx: Context, out: Path, head: list[str], *, kill: str = "", run: str
+    ctx: Context,
+    out: Path,
+    head: list[str],
+    *,
+    kill: str = "",
+    run: str,
+    samples: int = SAMPLES,
+    timeout: float | None = None,
 ) -> procs.Finished:
     """Run ``head + elastic_train.py ...`` into ``out``; the log is ``<run>.log``."""
     out.mkdir(parents=True, exist_ok=True)
-    argv = head + _script(out, kill, run)
+    argv = head + _script(out, kill, run, samples=samples)
     env = ctx.env if ctx.cluster is None else {**ctx.env, **ctx.cluster.env}  # SLURM_CONF
-    return procs.run(argv, env=env, log=out / f"{run}.log", timeout=ctx.timeout, cwd=out)
+    limit = ctx.timeout if timeout is None else timeout
+    return procs.run(argv, env=env, log=out / f"{run}.log", timeout=limit, cwd=out)
 
 
 def _torchrun(ctx: Context, *flags: str) -> list[str]:
@@ -200,10 +208,7 @@ def openmpi_exits(ctx: Context) -> Verdict:
     failed = []
     for run in range(EXIT_RUNS):
         out = ctx.work / f"exit{run}"
-        out.mkdir(parents=True)
-        argv = [*_mpirun(ctx), str(ELASTIC_TRAIN), "--out", str(out), "--tag", f"exit{run}"]
-        argv += ["--samples", str(EXIT_SAMPLES), "--batch", str(BATCH), "--every", str(EVERY)]
-        done = procs.run(argv, env=ctx.env, log=out / "run.log", timeout=60, cwd=out)
+        done = _launch(ctx, out, _mpirun(ctx), run=f"exit{run}", samples=EXIT_SAMPLES, timeout=60)
         result = _result(out)
         if done.returncode != 0 or result is None or result["last_step"] % EVERY:
             failed.append(f"run {run}: exit {done.returncode}: {done.tail()}")

@@ -54,12 +54,11 @@ class RankState:
 
     def doing(self) -> str:
         """Say what the rank was doing: the collective it waits in, or where its main thread is."""
+        phase = f", {self.phase}" if self.phase else ""  # outside a collective: p2p, an arrival
         if not self.in_flight:
             where = f"; main thread at {' <- '.join(self.main_frames)}" if self.main_frames else ""
-            outside = f", {self.phase}" if self.phase else ""  # a p2p call, a save's arrival
-            return "not in a distcompat collective" + outside + where
+            return "not in a distcompat collective" + phase + where
         record = self.in_flight[0]
-        phase = f", {self.phase}" if self.phase else ""
         return f"waiting in {record.describe()} for {self.published - record.started:.1f}s{phase}"
 
     def to_json(self, *, with_stacks: bool = True) -> dict[str, Any]:

@@ -256,15 +256,8 @@ class Watchdog:
         The call's age counts from when it entered distcompat (its record's start), whatever
         phase it is in now. One report per call; a raising watchdog raises HangError here.
         """
-        if wait.call:  # outside any collective (p2p, a save's arrival): not charged to a record
-            late = time.monotonic() - wait.started >= self.config.timeout
-            if late and self._reported is not wait:
-                self._reported = wait
-                site = thread_call_site(waits.thread_of(wait))
-                self._hung(f"{wait.call} at {site}", wait.started, wait.op)
-            return
         raw = wait.record
-        if raw is None:  # a wait before the backend call: the call this thread is making
+        if raw is None and not wait.call:  # a wait before the backend call: this thread's call
             raw = self._recorder.in_call()
             if raw is not None:
                 wait.started = min(wait.started, raw[8])  # the call began before this wait
@@ -274,11 +267,17 @@ class Watchdog:
                     return
             wait.record = self._recorder.late(id(wait), raw, started=wait.started)
             self._opened.add(id(wait))
-        started = wait.started
-        if time.monotonic() - started < self.config.timeout or self._reported is raw:
+        # a wait outside any collective (p2p, a save's arrival) is its own call: no record
+        call = wait if wait.call else raw
+        if time.monotonic() - wait.started < self.config.timeout or self._reported is call:
             return
-        self._reported = raw
-        self._hung(to_record(raw).describe(), started, wait.op)  # HangError unless report-only
+        self._reported = call
+        what = (
+            f"{wait.call} at {thread_call_site(waits.thread_of(wait))}"
+            if wait.call
+            else to_record(raw).describe()
+        )
+        self._hung(what, wait.started, wait.op)  # HangError unless report-only
 
     def release(self, wait: waits.Wait) -> None:
         """Stop showing a watched wait's call in flight: the wait ended."""
