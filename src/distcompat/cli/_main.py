@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from distcompat import __version__
 from distcompat.bench._cli import add_bench_parser, run_bench_command
+from distcompat.cli._diagnose import diagnose
 from distcompat.cli._doctor import collect_report
 from distcompat.collectives._capabilities import capabilities
-from distcompat.diagnostics import DumpReadError, read_dumps
 from distcompat.diagnostics._config import default_dump_dir
 from distcompat.process_group import distributed_session
 
@@ -57,14 +57,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     diagnose = commands.add_parser(
         "diagnose",
-        help="read the per-rank hang dumps a watchdog wrote and say which rank diverged",
+        help="read hang dumps (distcompat's, torch Flight Recorder's): which rank diverged",
         description=(
             "Read the hang dumps a distcompat watchdog wrote under DIR "
             "(DIR/<job>/incident-<N>/rank<R>.json) and print, for one incident of one job, "
             "which rank is behind, gone or in a different collective, the calls side by side, "
             "and each rank's stacks. The newest incident is read unless --job / --incident pick "
-            "another; the others found are listed, never merged. Exits 0 when a report was "
-            "read, 2 when DIR has none (or none matches)."
+            "another; the others found are listed, never merged. PyTorch Flight Recorder dumps "
+            "under DIR (<prefix><rank> files: NCCL's on timeout or through the debug pipe, "
+            "gloo's) are read too, alone or beside distcompat's: the newest set, which rank did "
+            "not join which call, what each rank was doing. Exits 0 when a report was read, 2 "
+            "when DIR has none (or none matches)."
         ),
     )
     diagnose.add_argument(
@@ -116,14 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             _print_probe(options.device, options.backend)
         return 0 if report.ok else 1
     if options.command == "diagnose":
-        try:
-            found = read_dumps(options.directory, job=options.job, incident=options.incident)
-            text = found.describe()
-        except DumpReadError as exc:
-            sys.stderr.write(f"distcompat diagnose: {exc}\n")
-            return 2
-        sys.stdout.write(text + "\n")
-        return 0
+        found = diagnose(options.directory, job=options.job, incident=options.incident)
+        if found.error:
+            sys.stderr.write(f"distcompat diagnose: {found.error}\n")
+        else:
+            sys.stdout.write(found.text + "\n")
+        return found.exit_code
     if options.command == "demo":
         from distcompat.demo._cli import run_demo_command  # heavy: see _build_parser
 

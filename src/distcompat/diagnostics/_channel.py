@@ -6,6 +6,7 @@ answers. Keys (under a prefix unique to the group's generation)::
     job                        the job's name, agreed at start: the first rank's proposal wins
     alarm                      incident counter: a rank that declares a hang bumps it
     i<N>/trigger               who declared incident N and why
+    i<N>/writer                the rank that prints incident N's report (first claim wins)
     i<N>/state/<rank>          each rank's RankState (JSON, no stacks)
     i<N>/stacks/<rank>         each rank's Python stacks (text)
     i<N>/count                 how many ranks have published for incident N
@@ -77,6 +78,24 @@ class SideChannel:
         """Record who declared ``incident`` and why (first writer wins)."""
         with _guard("compare_set"):
             self._store.compare_set(f"i{incident}/trigger", "", text)
+
+    def claim_report(self, incident: int) -> int:
+        """Claim printing ``incident``'s report; return the rank that prints it (first claim wins).
+
+        The declaring rank claims right after raising the alarm; every rank claims again when its
+        report is ready, which only reads the winner (or names the first to finish, should the
+        declaring rank have failed before claiming).
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> store = dist.HashStore()
+            >>> first = SideChannel(store, "demo", rank=1, world_size=2)
+            >>> second = SideChannel(store, "demo", rank=0, world_size=2)
+            >>> first.claim_report(1), second.claim_report(1)
+            (1, 1)
+        """
+        with _guard("compare_set"):
+            return int(bytes(self._store.compare_set(f"i{incident}/writer", "", str(self.rank))))
 
     def _get(self, key: str) -> bytes | None:
         """Return the value of ``key``, or None if it is not set (never blocks)."""

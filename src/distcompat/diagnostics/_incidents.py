@@ -3,8 +3,10 @@
 A :class:`~distcompat.diagnostics.Watchdog` bounds the waits; when one runs out it asks the desk
 to :meth:`~IncidentDesk.declare` an incident. The desk's thread raises the alarm in the rendezvous
 store (or answers another rank's), publishes this rank's account, collects every rank's within
-``grace``, fetches the stacks of the ranks the verdict blames, writes the dump and logs the
-report::
+``grace``, fetches the stacks of the ranks the verdict blames, writes the dump (distcompat's JSON
+and, beside it, the same history in Flight Recorder format for torch's analyzer) and logs the
+report. One report per incident reaches the job's output: the rank that declared the incident
+prints it, every other rank one line that points to it, with the first finding and its dump::
 
     desk = IncidentDesk(config, recorder)
     desk.connect(rank=0, world=2)           # the side channel and the job's name
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import socket
 import threading
 import time
@@ -25,9 +28,11 @@ from pathlib import Path
 
 from distcompat._ranks import side_store
 from distcompat.collectives import _checked
+from distcompat.collectives._wait import current as current_wait
 from distcompat.diagnostics._channel import ChannelError, SideChannel
 from distcompat.diagnostics._config import WatchdogConfig
 from distcompat.diagnostics._dump import rank_state, write_dump
+from distcompat.diagnostics._flight_dump import flight_dump, write_flight_dump
 from distcompat.diagnostics._records import Recorder
 from distcompat.diagnostics._report import HangReport, RankState
 
@@ -173,12 +178,14 @@ class IncidentDesk:
             elif reason is not None:
                 incident = channel.raise_alarm(self._seen)
                 channel.set_trigger(incident, reason)
+                channel.claim_report(incident)  # the declaring rank prints the report
             else:
                 return
             mine = self._state(reason or f"answering incident {incident}")
             channel.publish(incident, mine)
             states = channel.collect(incident, self.config.grace_s)
             trigger = channel.trigger(incident) or reason or "?"
+            writer = channel.claim_report(incident)
         except ChannelError as exc:
             self._finish(self._local_report(reason or "alarm", str(exc)))
             return
@@ -193,7 +200,7 @@ class IncidentDesk:
             job=self.job,
         )
         self._seen = incident
-        self._finish(report)
+        self._finish(report, writer=writer)
 
     def _with_stacks(
         self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
@@ -227,8 +234,13 @@ class IncidentDesk:
             job=self.job,
         )
 
-    def _finish(self, report: HangReport) -> None:
-        """Write the dump, log the report, and hand it to a waiting collective."""
+    def _finish(self, report: HangReport, *, writer: int | None = None) -> None:
+        """Write the dump, log the report (or a line that points to it), hand it to a waiter.
+
+        ``writer`` is the rank that prints the report (None: this one, for a report of this
+        rank alone); every other rank logs one line: where the report is, its first finding,
+        and this rank's own dump.
+        """
         path = self._write(report)
         then = (
             "report-only: this rank keeps waiting, and the group timeout ends the wait if the "
@@ -236,9 +248,20 @@ class IncidentDesk:
             if self.config.action == "report"
             else "the waiting rank raises HangError, the others at their next collective"
         )
-        logging.getLogger(_LOG).error(
-            "[rank %d] %s\nper-rank dump: %s\n%s", self.rank, report.describe(), path, then
-        )
+        log = logging.getLogger(_LOG)
+        if writer is None or writer == self.rank:
+            log.error(
+                "[rank %d] %s\nper-rank dump: %s\ntorch's analyzer reads the same incident: "
+                "python -m torch.distributed.flight_recorder.fr_trace %s\n%s",
+                self.rank, report.describe(), path, path.parent, then,
+            )  # fmt: skip
+        else:
+            log.error(
+                "[rank %d] hang incident %d of job %s: %s; the full report is in rank %d's "
+                "output, this rank's dump is %s",
+                self.rank, report.incident, report.job,
+                " ".join(report.verdict.findings[0].split()), writer, path,
+            )  # fmt: skip
         with self._cv:
             self.last_report = report
             self._handled_at = time.monotonic()
@@ -248,11 +271,22 @@ class IncidentDesk:
             _checked.step_aside()  # not _hooks.refresh(): its lock is held while a desk halts
 
     def _write(self, report: HangReport) -> Path:
-        history = self.recorder.snapshot()["history"]
-        return write_dump(
-            self.config.directory, rank=self.rank, world_size=self.world, history=history,
-            report=report,
+        snapshot = self.recorder.snapshot()
+        path = write_dump(
+            self.config.directory, rank=self.rank, world_size=self.world,
+            history=snapshot["history"], report=report,
         )  # fmt: skip
+        try:  # the same history in torch's format, for its analyzer: never at the report's cost
+            data = flight_dump(
+                snapshot, rank=self.rank, world_size=self.world, wait=current_wait(),
+                job=report.job, incident=report.incident,
+            )  # fmt: skip
+            write_flight_dump(path.parent, rank=self.rank, data=data)
+        except (OSError, ValueError, TypeError, pickle.PicklingError) as exc:
+            logging.getLogger(_LOG).warning(
+                "distcompat watchdog: the Flight Recorder-format dump was not written: %s", exc
+            )
+        return path
 
 
 def _job_name() -> str:

@@ -1,0 +1,287 @@
+"""The process group every caller goes through: DDP, FSDP2, checkpoints, ``torch.distributed``.
+
+Most collectives of a training job are not the user's own calls: DDP's reducer all-reduces the
+gradient buckets, FSDP2 gathers and reduce-scatters its shards, ``torch.distributed.checkpoint``
+gathers its plans, and library code calls ``torch.distributed.*``. They all call the process
+group's methods. :class:`ProtectedGroup` is a ``torch.distributed.ProcessGroup`` written in
+Python that holds the real backend (gloo) and sends each such call through distcompat's
+collectives: the mismatch check, the watchdog's record and bounded wait, typed errors, the
+shims, and shared memory where every rank is on this machine. torch runs Python process groups
+natively (a C++ trampoline calls these methods; ``torch.distributed.Backend.register_backend``
+names the factory), so DDP and FSDP2 use it unchanged::
+
+    info = distcompat.init_distributed(device="cpu")     # the default group is a ProtectedGroup
+    model = DistributedDataParallel(model)                # its gradient buckets: checked, watched,
+                                                          # through shared memory on one machine
+
+A distcompat collective called on the group does its work once: it is an ``entry``
+(``_entry``), and the backend calls it makes on the group go straight to the backend. The
+methods C++ calls without the trampoline (``_allgather_base`` and ``_reduce_scatter_base``,
+which functional collectives reach from C++) go to the backend, registered as the group's CPU
+backend: they work, unprotected.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat.collectives import _entry
+from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
+from distcompat.collectives._coalesced import all_reduce_coalesced
+from distcompat.collectives._movement import (
+    all_gather,
+    all_gather_into_tensor,
+    broadcast,
+    gather,
+    scatter,
+)
+from distcompat.collectives._p2p import barrier, irecv, isend
+from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
+from distcompat.collectives._reductions import all_reduce, reduce
+from distcompat.collectives._work import CompatWork
+
+__all__ = ["BACKEND", "GroupWork", "ProtectedGroup", "make_group", "register"]
+
+#: The name :func:`register` gives the protected gloo group in ``torch.distributed``'s backends.
+BACKEND = "distcompat"
+
+_R = dist.ReduceOp
+#: torch's ReduceOps by kind: an options object hands back a fresh ``ReduceOp`` on each read,
+#: and distcompat's fast paths know the ops by identity.
+_KINDS = {kind: kind for kind in (_R.SUM, _R.AVG, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR)}
+_KINDS[_R.BXOR] = _R.BXOR
+_NO_TIMEOUT = timedelta(0)
+
+
+def _op(opts: Any) -> Any:
+    """Return the ReduceOp of ``opts`` as distcompat's collectives take it."""
+    chosen = opts.reduceOp
+    return _KINDS.get(chosen.op, chosen)  # PREMUL_SUM keeps its factor
+
+
+class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
+    """The ``torch.distributed.Work`` a :class:`ProtectedGroup` hands its callers.
+
+    It holds distcompat's :class:`CompatWork`: ``wait()`` is the watchdog's bounded wait and
+    raises the typed error, and ``get_future()`` works for every op (gloo has none for
+    reduce_scatter and point-to-point ops), which DDP's reducer and torch's callers use.
+
+    Example:
+        >>> work = GroupWork(CompatWork.completed([torch.ones(1)]))
+        >>> work.wait(), work.get_future().value()
+        (True, [tensor([1.])])
+    """
+
+    def __init__(self, handle: CompatWork) -> None:
+        super().__init__()
+        self.handle = handle
+
+    def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
+        """Wait for the op (bounded by the watchdog); a zero timeout means none, as in torch."""
+        return self.handle.wait(timeout if timeout else None)
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        """Return the op's future: its value is the op's output tensors."""
+        return self.handle.get_future()
+
+    def is_completed(self) -> bool:
+        """Return whether the op finished (successfully or not); never blocks."""
+        return self.handle.is_completed()
+
+    def is_success(self) -> bool:
+        """Return whether the op finished without an error."""
+        return self.handle.is_completed() and self.handle.exception() is None
+
+    def exception(self) -> BaseException | None:
+        """Return the op's error once it finished with one, else None."""
+        return self.handle.exception()
+
+    def result(self) -> list[torch.Tensor]:
+        """Return the op's output tensors (after :meth:`wait`)."""
+        value = self.handle.get_future().value()
+        return value if isinstance(value, list) else [] if value is None else [value]
+
+
+def _handed(handle: CompatWork | None) -> GroupWork:
+    """Wrap what an async distcompat collective returned (always a handle) for torch."""
+    assert handle is not None, "an async distcompat collective returns a handle"
+    return GroupWork(handle)
+
+
+class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's ProcessGroup is untyped
+    """A process group whose every collective goes through distcompat; ``backend`` moves the bytes.
+
+    Made by :func:`make_group` (the factory :func:`register` gives torch); its ``backend`` is
+    the real one (a ``ProcessGroupGloo``), also registered as the group's CPU backend for what
+    C++ calls on it directly. ``protects`` names the backend for distcompat's plans.
+
+    Example:
+        >>> ProtectedGroup.__mro__[1] is torch.distributed.ProcessGroup
+        True
+    """
+
+    def __init__(self, backend: Any, rank: int, size: int, name: str = "gloo") -> None:
+        super().__init__(rank, size)
+        self.backend = backend
+        self.protects = name
+        self._group_name = ""
+        kind = dist.ProcessGroup.BackendType.GLOO
+        self._register_backend(torch.device("cpu"), kind, backend)
+        self._set_default_backend(kind)
+
+    # FSDP2's DeviceMesh names the group and reads the name back.
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        """The name torch registered the group under."""
+        return self._group_name
+
+    # Each method: straight to the backend inside a distcompat collective; else through one.
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        if _entry.inside() or len(tensors) != 1:
+            return self.backend.allreduce(tensors, opts or dist.AllreduceOptions())
+        return _handed(all_reduce(tensors[0], _op(opts), self, True))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        if _entry.inside():
+            return self.backend.allreduce_coalesced(tensors, opts)
+        return _handed(all_reduce_coalesced(tensors, _op(opts), self, True))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+        if _entry.inside() or len(tensors) != 1:
+            return self.backend.broadcast(tensors, opts or dist.BroadcastOptions())
+        root = opts.rootRank
+        return _handed(broadcast(tensors[0], group=self, async_op=True, group_src=root))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        if _entry.inside() or len(tensors) != 1:
+            return self.backend.reduce(tensors, opts)
+        root = opts.rootRank
+        return _handed(reduce(tensors[0], None, _op(opts), self, True, group_dst=root))
+
+    def allgather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        if _entry.inside() or len(inputs) != 1:
+            return self.backend.allgather(outputs, inputs, opts or dist.AllgatherOptions())
+        return _handed(all_gather(outputs[0], inputs[0], self, True))
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
+        if _entry.inside():
+            return self.backend._allgather_base(output, input, opts or dist.AllgatherOptions())
+        return _handed(all_gather_into_tensor(output, input, self, True))
+
+    _allgather_base = all_gather_single
+
+    def gather(
+        self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
+    ) -> Any:
+        if _entry.inside() or len(inputs) != 1:
+            return self.backend.gather(outputs, inputs, opts)
+        listed = outputs[0] if outputs else None
+        return _handed(gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank))
+
+    def scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
+    ) -> Any:
+        if _entry.inside() or len(outputs) != 1:
+            return self.backend.scatter(outputs, inputs, opts)
+        listed = inputs[0] if inputs else None
+        return _handed(scatter(outputs[0], listed, None, self, True, group_src=opts.rootRank))
+
+    def reduce_scatter(
+        self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
+    ) -> Any:
+        if _entry.inside() or len(outputs) != 1:
+            return self.backend.reduce_scatter(outputs, inputs, opts)
+        return _handed(reduce_scatter(outputs[0], inputs[0], _op(opts), self, True))
+
+    def reduce_scatter_single(
+        self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
+    ) -> Any:
+        if _entry.inside():
+            options = opts or dist.ReduceScatterOptions()
+            return self.backend._reduce_scatter_base(output, input, options)
+        return _handed(reduce_scatter_tensor(output, input, _op(opts), self, True))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_splits: list[int],
+        input_splits: list[int],
+        opts: Any = None,
+    ) -> Any:
+        if _entry.inside():
+            options = opts or dist.AllToAllOptions()
+            return self.backend.alltoall_base(output, input, output_splits, input_splits, options)
+        outs, ins = output_splits or None, input_splits or None
+        return _handed(all_to_all_single(output, input, outs, ins, self, True))
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        if _entry.inside():
+            return self.backend.alltoall(outputs, inputs, opts or dist.AllToAllOptions())
+        return _handed(all_to_all(outputs, inputs, self, True))
+
+    def barrier(self, opts: Any = None) -> Any:
+        if _entry.inside():
+            return self.backend.barrier(opts or dist.BarrierOptions())
+        return _handed(barrier(self, True))
+
+    def send(self, tensors: list[torch.Tensor], peer: int, tag: int) -> Any:
+        if _entry.inside() or len(tensors) != 1:
+            return self.backend.send(tensors, peer, tag)
+        return _handed(isend(tensors[0], None, self, tag, group_dst=peer))
+
+    def recv(self, tensors: list[torch.Tensor], peer: int, tag: int) -> Any:
+        if _entry.inside() or len(tensors) != 1:
+            return self.backend.recv(tensors, peer, tag)
+        return _handed(irecv(tensors[0], None, self, tag, group_src=peer))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        return self.backend.recv_anysource(tensors, tag)
+
+
+def make_group(store: Any, rank: int, size: int, timeout: timedelta) -> ProtectedGroup:
+    """Make a gloo backend from the rendezvous ``store`` and wrap it (torch's factory signature).
+
+    Example:
+        >>> store = torch.distributed.HashStore()
+        >>> make_group(store, 0, 1, timedelta(seconds=30)).protects
+        'gloo'
+    """
+    backend = dist.ProcessGroupGloo(store, rank, size, timeout)
+    backend._set_sequence_number_for_group()  # as torch does for the gloo groups it makes
+    return ProtectedGroup(backend, rank, size)
+
+
+_registered: list[Callable[..., Any]] = []
+
+
+def register() -> str:
+    """Register the protected gloo group with torch (once per process); return its name.
+
+    ``torch.distributed.init_process_group(backend=register())`` then makes one, as does
+    ``new_group()`` under a default group that is one.
+
+    Example:
+        >>> register()
+        'distcompat'
+    """
+    if not _registered:
+        dist.Backend.register_backend(BACKEND, make_group, devices=["cpu"])
+        _registered.append(make_group)
+    return BACKEND
