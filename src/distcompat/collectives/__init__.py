@@ -27,6 +27,8 @@ path and why); :func:`allreduce_hook` brings DDP's gradient all-reduces there to
 
 ``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
+``all_gather``'s tensors may differ in their first dimension (each rank's rows);
+:func:`all_gather_uneven` concatenates rows whose counts are not known up front.
 """
 
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
@@ -61,6 +63,7 @@ from distcompat.collectives._p2p import (
 )
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
+from distcompat.collectives._uneven import all_gather_uneven
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork
 from distcompat.collectives.shm import SharedMemoryFallbackWarning, ShmStatus
@@ -86,6 +89,7 @@ __all__ = [
     "all_gather_into_tensor",
     "all_gather_object",
     "all_gather_single",
+    "all_gather_uneven",
     "all_reduce",
     "all_reduce_coalesced",
     "all_to_all",

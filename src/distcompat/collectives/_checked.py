@@ -157,21 +157,26 @@ def verify(
     root: int | None = None,
     in_splits: Sequence[int] | None = None,
     out_splits: Sequence[int] | None = None,
+    row_counts: Sequence[int] | None = None,
 ) -> None:
     """Run the pre-call hooks: diagnostics (if installed), then a mismatch check.
 
     The check is checked mode's fingerprint exchange inside :func:`checked`, else the default
-    one (``_agree``: only calls whose signature is new on the group are compared).
+    one (``_agree``: only calls whose signature is new on the group are compared). ``row_counts``:
+    an uneven all_gather's row count per rank (``tensor``: this rank's, rows first).
     """
     if not _active:
-        agree(op, tensor, group, reduce_op, root)
+        agree(op, tensor, group, reduce_op, root, row_counts)
         return
     if _pre_call is not None:
         _pre_call(op, tensor, group, reduce_op, root)
     if not _enabled:
-        agree(op, tensor, group, reduce_op, root)
+        agree(op, tensor, group, reduce_op, root, row_counts)
         return
     world = dist.get_world_size(group)
+    if row_counts is not None and tensor is not None:  # as all_to_all's splits; the rest agree
+        in_splits, out_splits = [tensor.shape[0]] * world, row_counts
+        tensor = tensor.new_empty(tensor.shape[1:])  # one row's shape: compared as usual
     key = group if group is not None else dist.group.WORLD
     seq = _sequence.get(key, 0)
     _sequence[key] = seq + 1
@@ -182,8 +187,8 @@ def verify(
         _reduce_code(reduce_op),
         -1 if root is None else root,
         _code(tensor.dtype) if tensor is not None else -1,
-        tensor.numel() if tensor is not None and in_splits is None else -1,
-        _code(shape) if in_splits is None else -1,
+        tensor.numel() if tensor is not None and (in_splits is None or row_counts) else -1,
+        _code(shape) if in_splits is None or row_counts else -1,
     ]
     splits = [*(in_splits or [-1] * world), *(out_splits or [-1] * world)]
     mine = torch.tensor(head + splits, dtype=torch.int64)

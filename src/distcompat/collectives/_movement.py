@@ -20,6 +20,7 @@ from distcompat.collectives._checked import verify
 from distcompat.collectives._group import group_rank_of, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._uneven import all_gather_rows
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
@@ -136,7 +137,7 @@ def all_gather(
     group: Any = None,
     async_op: bool = False,
 ) -> CompatWork | None:
-    """Gather every rank's ``tensor`` into ``tensor_list`` (in rank order) on every rank.
+    """Gather every rank's ``tensor`` into ``tensor_list`` in rank order (row counts may differ).
 
     Example:
         >>> out = [torch.empty(2)]
@@ -150,6 +151,8 @@ def all_gather(
     if world_size == 1:
         tensor_list[0].copy_(tensor)
         return done_if_async(tensor_list, async_op)
+    if any(out.shape != tensor.shape for out in tensor_list):  # rows differ: pad, gather, trim
+        return all_gather_rows(tensor_list, tensor, group, async_op)
     verify("all_gather", tensor, group)
     staged = [stage_output(out, reduce=False) for out in tensor_list]
     wires = [wire for wire, _ in staged]

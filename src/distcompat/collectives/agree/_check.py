@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -71,9 +71,17 @@ __all__ = [
 
 
 def agree(
-    op: str, tensor: torch.Tensor | None, group: Any, reduce_op: Any, root: int | None
+    op: str,
+    tensor: torch.Tensor | None,
+    group: Any,
+    reduce_op: Any,
+    root: int | None,
+    rows: Sequence[int] | None = None,
 ) -> None:
-    """Count this call on ``group``; check it with every rank if its signature is new there."""
+    """Count this call on ``group``; check it with every rank if its signature is new there.
+
+    ``rows``: an uneven all_gather's row count per rank, which every rank's list must agree on.
+    """
     if _state.paused:
         return
     state = state_for(group)
@@ -88,6 +96,8 @@ def agree(
     else:
         shape = tensor.shape[1:] if op in ROWS_VARY else tensor.shape
         sig = (op, tensor.dtype, shape, reduce_op, root)
+        if rows is not None:
+            sig = (op, tensor.dtype, tensor.shape[1:], reduce_op, root, tuple(rows))
     record(state, sig, group)
 
 

@@ -13,6 +13,7 @@ cases are rebuilt: dtypes the backend moves natively, a ReduceOp that is sent as
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,27 +42,54 @@ def signature_text(sig: tuple[Any, ...] | None) -> str:
     """
     if sig is None:
         return "(unknown: too long ago)"
-    op, dtype, shape, reduce_op, root = sig
+    op, dtype, shape, reduce_op, root, *rows = sig  # rows: an uneven all_gather's, per rank
     parts = [op]
     if dtype is not None:
-        rows = "rows x " if op in ROWS_VARY else ""
-        parts += [f"dtype={dtype}", f"shape={rows}{list(shape)}"]
+        vary = "rows x " if op in ROWS_VARY or rows else ""
+        parts += [f"dtype={dtype}", f"shape={vary}{list(shape)}"]
     if reduce_op is not None:
         parts.append(f"reduce_op={str(reduce_op).rsplit('.', 1)[-1]}")
     if root is not None:
         parts.append(f"root={root}")
+    if rows:
+        parts.append("rows=" + "/".join(map(str, rows[0])))
     return ", ".join(parts)
 
 
 def mismatch_error(op: str, seq: int, posts: list[str]) -> CollectiveMismatchError:
-    """Return the error that names each rank's post for call ``seq`` (``kind|text`` each)."""
+    """Return the error that names each rank's post for call ``seq`` (``kind|text`` each).
+
+    Example:
+        >>> print(mismatch_error("all_gather", 0, ["arrived|all_gather, dtype=torch.int8, "
+        ...     "shape=rows x [], rows=1/2", "arrived|all_gather, dtype=torch.int8, shape=[1]"]))
+        all_gather (call #0 on this group): ranks disagree: rank 1 sends 1 rows, rank 0 expects 2:
+          rank 0: all_gather, dtype=torch.int8, shape=rows x [], rows=1/2
+          rank 1: all_gather, dtype=torch.int8, shape=[1]
+    """
     lines = []
     for rank, post in enumerate(posts):
         kind, text = post.split("|", 1)
         lines.append(f"  rank {rank}: {text}" + ("  (already inside it)" if kind == "in" else ""))
+    rows = [_rows_of(post.split("|", 1)[1], len(posts)) for post in posts]
+    named = [
+        f"rank {sender} sends {own[sender]} rows, rank {r} expects {seen[sender]}"
+        for sender, own in enumerate(rows)
+        for r, seen in enumerate(rows)
+        if own is not None and seen is not None and seen[sender] != own[sender]
+    ]  # an all_gather's row counts: each rank's own is what it sends
+    detail = "".join(f"; {n}" for n in named).replace(";", ":", 1)
     return CollectiveMismatchError(
-        f"{op} (call #{seq} on this group): ranks disagree:\n" + "\n".join(lines)
+        f"{op} (call #{seq} on this group): ranks disagree{detail}:\n" + "\n".join(lines)
     )
+
+
+def _rows_of(text: str, world: int) -> list[int] | None:
+    """Return the row count per rank an all_gather's post expects, or None (another call)."""
+    found = re.match(r"all_gather, .*rows=([\d/]+)", text)
+    if found:
+        return [int(n) for n in found.group(1).split("/")]
+    found = re.match(r"all_gather, dtype=[^,]+, shape=\[(\d+)", text)  # an even one: n each
+    return [int(found.group(1))] * world if found else None
 
 
 def late_error(
