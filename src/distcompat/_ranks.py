@@ -72,6 +72,7 @@ class DistInfo:
     environ_reason: str = ""
     watchdog_reason: str = ""
     mismatch_reason: str = ""
+    group_reason: str = ""
 
     @property
     def is_main_process(self) -> bool:
@@ -92,6 +93,8 @@ class DistInfo:
             lines.append(f"watchdog: {self.watchdog_reason}")
         if self.mismatch_reason:
             lines.append(f"mismatch check: {self.mismatch_reason}")
+        if self.group_reason:
+            lines.append(f"group: {self.group_reason}")
         return "\n".join(lines)
 
     @property

@@ -5,10 +5,14 @@ Change one import and keep the code::
     import distcompat.distributed as dist        # was: import torch.distributed as dist
     dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG, async_op=True).get_future()
 
-Everything ``torch.distributed`` offers is here (``ReduceOp``, ``init_process_group``,
-``new_group``, ``get_rank``, ...); the collectives are replaced by :mod:`distcompat.collectives`,
-which return :class:`~distcompat.collectives.CompatWork` handles. Names this module does not
-define are looked up in ``torch.distributed`` on access.
+Everything ``torch.distributed`` offers is here (``ReduceOp``, ``new_group``, ``get_rank``,
+...); the collectives are replaced by :mod:`distcompat.collectives`, which return
+:class:`~distcompat.collectives.CompatWork` handles, and ``init_process_group`` /
+``destroy_process_group`` do what :func:`distcompat.init_distributed` does: the default group is
+distcompat's protected group, so DDP's, FSDP2's and every library's collectives on it are
+checked, watched and typed too (``dist.get_backend()`` names it ``"distcompat"``; it moves the
+bytes with gloo). Names this module does not define are looked up in ``torch.distributed`` on
+access.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -19,12 +23,10 @@ from torch.distributed import (
     ProcessGroup,
     ReduceOp,
     Work,
-    destroy_process_group,
     get_backend,
     get_rank,
     get_world_size,
     group,
-    init_process_group,
     is_available,
     is_initialized,
     monitored_barrier,
@@ -72,6 +74,7 @@ from distcompat.collectives import (
     scatter_object_list,
     send,
 )
+from distcompat.process_group import destroy_process_group, init_process_group
 
 # The rest of torch.distributed is re-exported by the star import above.
 __all__ = [

@@ -28,6 +28,7 @@ from distcompat._ranks import get_world_size
 from distcompat.checkpoint._errors import CheckpointSyncError
 from distcompat.collectives import all_gather_object
 from distcompat.collectives._blocking import beside
+from distcompat.collectives._entry import entry
 from distcompat.collectives._errors import (
     CollectiveError,
     CollectiveTimeoutError,
@@ -97,6 +98,7 @@ class SaveGroup:
         else:
             beside(lambda: self._give_token(what, timeout_s, deadline), make)
 
+    @entry  # its own arrival protocol, watched beside: straight to the backend
     def _take_tokens(self, what: str, timeout_s: float, deadline: float, arrived: set[int]) -> None:
         """Take every rank's token (rank 0), then tell the ranks that came how it went."""
         pending = {
@@ -130,6 +132,7 @@ class SaveGroup:
                 f"{self.world_size} did not call it within {timeout_s:g}s. {_EVERY_RANK}"
             )
 
+    @entry  # its own arrival protocol, watched beside: straight to the backend
     def _give_token(self, what: str, timeout_s: float, deadline: float) -> None:
         """Send this rank's token to rank 0 (a rank > 0), then wait for its reply."""
         reply = torch.zeros(1)
@@ -233,7 +236,7 @@ def carries_cpu_tensors(backend: str) -> bool:
         >>> carries_cpu_tensors("nccl")
         False
     """
-    return backend == "gloo" or "cpu:gloo" in backend.split(",")
+    return backend in ("gloo", "distcompat") or "cpu:gloo" in backend.split(",")
 
 
 def dedicated_save_group(what: str, timeout_s: float) -> SaveGroup:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._wire import stage_input, stage_output
@@ -58,6 +59,7 @@ def all_to_all_single(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_to_all_single(
     output: torch.Tensor,
     input: torch.Tensor,  # torch's name for it
@@ -133,6 +135,7 @@ def all_to_all(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_to_all(
     output_tensor_list: list[torch.Tensor],
     input_tensor_list: list[torch.Tensor],

@@ -17,6 +17,7 @@ from typing import Any, Literal, overload
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce
@@ -92,6 +93,7 @@ def all_reduce_coalesced(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_reduce_coalesced(
     tensors: Sequence[torch.Tensor], op: Any = R.SUM, group: Any = None, async_op: bool = False
 ) -> CompatWork | None:
@@ -149,6 +151,7 @@ def reduce_scatter_coalesced(
 ) -> CompatWork | None: ...
 
 
+@entry
 def reduce_scatter_coalesced(
     outputs: Sequence[torch.Tensor],
     inputs: Sequence[torch.Tensor],

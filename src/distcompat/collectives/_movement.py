@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_rank_of, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
@@ -59,6 +60,7 @@ def broadcast(
 ) -> CompatWork | None: ...
 
 
+@entry
 def broadcast(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -131,6 +133,7 @@ def all_gather(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_gather(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
@@ -195,6 +198,7 @@ def all_gather_into_tensor(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_gather_into_tensor(
     output_tensor: torch.Tensor,
     input_tensor: torch.Tensor,
@@ -284,6 +288,7 @@ def gather(
 ) -> CompatWork | None: ...
 
 
+@entry
 def gather(
     tensor: torch.Tensor,
     gather_list: list[torch.Tensor] | None = None,
@@ -360,6 +365,7 @@ def scatter(
 ) -> CompatWork | None: ...
 
 
+@entry
 def scatter(
     tensor: torch.Tensor,
     scatter_list: Sequence[torch.Tensor] | None = None,

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, global_rank, group_size, is_root, rank_in
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
@@ -75,6 +76,7 @@ def _global(group: Any, src: int | None, group_src: int | None) -> int:
     return global_rank(group, group_src)
 
 
+@entry
 def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
     """Gather picklable ``obj`` from every rank into ``object_list`` (in rank order).
 
@@ -91,6 +93,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
     object_list[:] = _gather_payloads(obj, group, "all_gather_object")
 
 
+@entry
 def broadcast_object_list(
     object_list: list[Any],
     src: int | None = None,
@@ -123,6 +126,7 @@ def broadcast_object_list(
     object_list[:] = _decode(buffer, int(size))
 
 
+@entry
 def gather_object(
     obj: Any,
     object_gather_list: list[Any] | None = None,
@@ -150,6 +154,7 @@ def gather_object(
         object_gather_list[:] = everything
 
 
+@entry
 def scatter_object_list(
     scatter_object_output_list: list[Any],
     scatter_object_input_list: list[Any] | None = None,

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._blocking import beside
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._errors import CollectiveTimeoutError, translate, typed_errors
 from distcompat.collectives._group import (
     backend_for,
@@ -136,6 +137,7 @@ def _peer(group: Any, rank: int | None, group_rank: int | None) -> int | None:
     return global_rank(group, group_rank) if group_rank is not None else rank
 
 
+@entry
 def send(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -160,6 +162,7 @@ def send(
     )
 
 
+@entry
 def recv(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -185,6 +188,7 @@ def recv(
     return int(sender)
 
 
+@entry
 def isend(
     tensor: torch.Tensor,
     dst: int | None = None,
@@ -200,6 +204,7 @@ def isend(
     return CompatWork.from_work(work, group, [tensor], None, op="isend")
 
 
+@entry
 def irecv(
     tensor: torch.Tensor,
     src: int | None = None,
@@ -258,6 +263,7 @@ def _staged(op: Any) -> tuple[Any, Finish | None]:
     return staged, copy_back
 
 
+@entry
 def batch_isend_irecv(p2p_op_list: Sequence[Any]) -> list[CompatWork]:
     """Start a batch of sends and receives; each handle's future works on every backend.
 
@@ -326,6 +332,7 @@ def barrier(
 ) -> CompatWork | None: ...
 
 
+@entry
 def barrier(
     group: Any = None, async_op: bool = False, device_ids: list[int] | None = None
 ) -> CompatWork | None:

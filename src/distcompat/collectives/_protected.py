@@ -23,12 +23,18 @@ backend: they work, unprotected.
 
 from __future__ import annotations
 
+import ctypes
+import sys
+import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as _c10d
+from torch.distributed import c10d_logger as _c10d_logger
+from torch.distributed.algorithms import join as _join
 
 from distcompat.collectives import _entry
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
@@ -64,6 +70,21 @@ def _op(opts: Any) -> Any:
     return _KINDS.get(chosen.op, chosen)  # PREMUL_SUM keeps its factor
 
 
+class _Pending(BaseException):
+    """Raised in a thread by :func:`_raise_in`: CPython makes it, and gets the error instead."""
+
+    error: BaseException
+
+    def __new__(cls, *args: Any) -> Any:  # type: ignore[misc]  # returns the error it stands for
+        return cls.error
+
+
+def _raise_in(thread: int, error: BaseException) -> None:
+    """Raise ``error`` in ``thread`` at the next Python line it runs."""
+    pending = type(type(error).__name__, (_Pending,), {"error": error})
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(pending))
+
+
 class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
     """The ``torch.distributed.Work`` a :class:`ProtectedGroup` hands its callers.
 
@@ -71,15 +92,22 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
     raises the typed error, and ``get_future()`` works for every op (gloo has none for
     reduce_scatter and point-to-point ops), which DDP's reducer and torch's callers use.
 
+    A caller in C++ (``thread`` is its thread; DDP's reducer) gets a future that never fails:
+    torch 2.13's reducer crashes the process (SIGSEGV) on a future that failed in Python. The
+    op's typed error (:class:`PeerLostError` naming the rank) is raised in that thread instead,
+    at its first Python line after the C++ call (``loss.backward()`` raises it).
+
     Example:
-        >>> work = GroupWork(CompatWork.completed([torch.ones(1)]))
+        >>> work = GroupWork(CompatWork.completed([torch.ones(1)]), [torch.ones(1)])
         >>> work.wait(), work.get_future().value()
         (True, [tensor([1.])])
     """
 
-    def __init__(self, handle: CompatWork) -> None:
+    def __init__(self, handle: CompatWork, outputs: Any, thread: int | None = None) -> None:
         super().__init__()
         self.handle = handle
+        self.outputs = outputs
+        self.thread = thread
 
     def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
         """Wait for the op (bounded by the watchdog); a zero timeout means none, as in torch."""
@@ -87,7 +115,27 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
 
     def get_future(self) -> torch.futures.Future[Any]:
         """Return the op's future: its value is the op's output tensors."""
-        return self.handle.get_future()
+        future = self.handle.get_future()
+        if self.thread is None:
+            return future
+        if future.done():
+            future.value()  # raises a failed op's error here, into the caller's C++ call
+        shielded: torch.futures.Future[Any] = torch.futures.Future()
+        thread, outputs = self.thread, self.outputs
+
+        def settle(done: torch.futures.Future[Any]) -> None:
+            try:
+                value = done.value()
+            except BaseException as exc:
+                if threading.get_ident() == thread:  # it would be raised here, in this callback
+                    threading.Thread(target=_raise_in, args=(thread, exc), daemon=True).start()
+                else:
+                    _raise_in(thread, exc)
+                value = outputs  # the caller finishes its C++ call, then meets the error
+            shielded.set_result(value)
+
+        future.add_done_callback(settle)
+        return shielded
 
     def is_completed(self) -> bool:
         """Return whether the op finished (successfully or not); never blocks."""
@@ -101,16 +149,37 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
         """Return the op's error once it finished with one, else None."""
         return self.handle.exception()
 
-    def result(self) -> list[torch.Tensor]:
+    def result(self) -> Any:
         """Return the op's output tensors (after :meth:`wait`)."""
-        value = self.handle.get_future().value()
-        return value if isinstance(value, list) else [] if value is None else [value]
+        return self.outputs
 
 
-def _handed(handle: CompatWork | None) -> GroupWork:
-    """Wrap what an async distcompat collective returned (always a handle) for torch."""
+#: The module whose functions call the group from Python (``torch.distributed.all_reduce``...).
+_PYTHON_CALLER = dist.distributed_c10d.__file__
+#: torch's Join, which hands an all_reduce's Work on to DDP's reducer (C++): the reducer reads
+#: its ``result()``, which a Python Work cannot give, after the Python object may be gone.
+_HANDS_TO_CPP = (_join.__file__,)
+_LOGGER = _c10d_logger.__file__
+
+
+def _handed(handle: CompatWork | None, outputs: Any) -> Any:
+    """Wrap what an async distcompat collective returned (always a handle) for the group's caller.
+
+    The caller is in C++ (DDP's reducer, a functional collective) unless the method was called
+    from ``torch.distributed``'s Python functions; a Work that goes on to C++ from there is a
+    native one over a future that never fails (see :class:`GroupWork`).
+    """
     assert handle is not None, "an async distcompat collective returns a handle"
-    return GroupWork(handle)
+    caller = sys._getframe(2)
+    if caller.f_code.co_filename != _PYTHON_CALLER:
+        return GroupWork(handle, outputs, threading.get_ident())
+    outer = caller.f_back
+    while outer is not None and outer.f_code.co_filename == _LOGGER:  # torch's logging wrapper
+        outer = outer.f_back
+    if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
+        shielded = GroupWork(handle, outputs, threading.get_ident()).get_future()
+        return _c10d._create_work_from_future(shielded)
+    return GroupWork(handle, outputs)
 
 
 class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's ProcessGroup is untyped
@@ -147,36 +216,36 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         if _entry.inside() or len(tensors) != 1:
             return self.backend.allreduce(tensors, opts or dist.AllreduceOptions())
-        return _handed(all_reduce(tensors[0], _op(opts), self, True))
+        return _handed(all_reduce(tensors[0], _op(opts), self, True), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         if _entry.inside():
             return self.backend.allreduce_coalesced(tensors, opts)
-        return _handed(all_reduce_coalesced(tensors, _op(opts), self, True))
+        return _handed(all_reduce_coalesced(tensors, _op(opts), self, True), tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         if _entry.inside() or len(tensors) != 1:
             return self.backend.broadcast(tensors, opts or dist.BroadcastOptions())
         root = opts.rootRank
-        return _handed(broadcast(tensors[0], group=self, async_op=True, group_src=root))
+        return _handed(broadcast(tensors[0], group=self, async_op=True, group_src=root), tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         if _entry.inside() or len(tensors) != 1:
             return self.backend.reduce(tensors, opts)
         root = opts.rootRank
-        return _handed(reduce(tensors[0], None, _op(opts), self, True, group_dst=root))
+        return _handed(reduce(tensors[0], None, _op(opts), self, True, group_dst=root), tensors)
 
     def allgather(
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(inputs) != 1:
             return self.backend.allgather(outputs, inputs, opts or dist.AllgatherOptions())
-        return _handed(all_gather(outputs[0], inputs[0], self, True))
+        return _handed(all_gather(outputs[0], inputs[0], self, True), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if _entry.inside():
             return self.backend._allgather_base(output, input, opts or dist.AllgatherOptions())
-        return _handed(all_gather_into_tensor(output, input, self, True))
+        return _handed(all_gather_into_tensor(output, input, self, True), [output])
 
     _allgather_base = all_gather_single
 
@@ -186,7 +255,9 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
         if _entry.inside() or len(inputs) != 1:
             return self.backend.gather(outputs, inputs, opts)
         listed = outputs[0] if outputs else None
-        return _handed(gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank))
+        return _handed(
+            gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank), outputs
+        )
 
     def scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
@@ -194,14 +265,16 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
         if _entry.inside() or len(outputs) != 1:
             return self.backend.scatter(outputs, inputs, opts)
         listed = inputs[0] if inputs else None
-        return _handed(scatter(outputs[0], listed, None, self, True, group_src=opts.rootRank))
+        return _handed(
+            scatter(outputs[0], listed, None, self, True, group_src=opts.rootRank), outputs
+        )
 
     def reduce_scatter(
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(outputs) != 1:
             return self.backend.reduce_scatter(outputs, inputs, opts)
-        return _handed(reduce_scatter(outputs[0], inputs[0], _op(opts), self, True))
+        return _handed(reduce_scatter(outputs[0], inputs[0], _op(opts), self, True), outputs)
 
     def reduce_scatter_single(
         self, output: torch.Tensor, input: torch.Tensor, opts: Any = None
@@ -209,7 +282,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
         if _entry.inside():
             options = opts or dist.ReduceScatterOptions()
             return self.backend._reduce_scatter_base(output, input, options)
-        return _handed(reduce_scatter_tensor(output, input, _op(opts), self, True))
+        return _handed(reduce_scatter_tensor(output, input, _op(opts), self, True), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -225,7 +298,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
             options = opts or dist.AllToAllOptions()
             return self.backend.alltoall_base(output, input, output_splits, input_splits, options)
         outs, ins = output_splits or None, input_splits or None
-        return _handed(all_to_all_single(output, input, outs, ins, self, True))
+        return _handed(all_to_all_single(output, input, outs, ins, self, True), [output])
 
     alltoall_base = all_to_all_single
 
@@ -234,22 +307,22 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
     ) -> Any:
         if _entry.inside():
             return self.backend.alltoall(outputs, inputs, opts or dist.AllToAllOptions())
-        return _handed(all_to_all(outputs, inputs, self, True))
+        return _handed(all_to_all(outputs, inputs, self, True), outputs)
 
     def barrier(self, opts: Any = None) -> Any:
         if _entry.inside():
             return self.backend.barrier(opts or dist.BarrierOptions())
-        return _handed(barrier(self, True))
+        return _handed(barrier(self, True), [])
 
     def send(self, tensors: list[torch.Tensor], peer: int, tag: int) -> Any:
-        if _entry.inside() or len(tensors) != 1:
+        if _entry.inside() or len(tensors) != 1 or self.size() == 1:  # to itself, as in torch
             return self.backend.send(tensors, peer, tag)
-        return _handed(isend(tensors[0], None, self, tag, group_dst=peer))
+        return _handed(isend(tensors[0], None, self, tag, group_dst=peer), tensors)
 
     def recv(self, tensors: list[torch.Tensor], peer: int, tag: int) -> Any:
-        if _entry.inside() or len(tensors) != 1:
+        if _entry.inside() or len(tensors) != 1 or self.size() == 1:  # to itself, as in torch
             return self.backend.recv(tensors, peer, tag)
-        return _handed(irecv(tensors[0], None, self, tag, group_src=peer))
+        return _handed(irecv(tensors[0], None, self, tag, group_src=peer), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         return self.backend.recv_anysource(tensors, tag)

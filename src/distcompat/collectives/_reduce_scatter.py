@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import reduce_scatter_flat
@@ -131,6 +132,7 @@ def reduce_scatter_tensor(
 ) -> CompatWork | None: ...
 
 
+@entry
 def reduce_scatter_tensor(
     output: torch.Tensor,
     input: torch.Tensor,  # torch's name for it
@@ -194,6 +196,7 @@ def reduce_scatter(
 ) -> CompatWork | None: ...
 
 
+@entry
 def reduce_scatter(
     output: torch.Tensor,
     input_list: Sequence[torch.Tensor],

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from distcompat.collectives import direct as _direct
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
@@ -101,6 +102,7 @@ def all_reduce(
 ) -> CompatWork | None: ...
 
 
+@entry
 def all_reduce(
     tensor: torch.Tensor, op: Any = R.SUM, group: Any = None, async_op: bool = False
 ) -> CompatWork | None:
@@ -179,6 +181,7 @@ def reduce(
 ) -> CompatWork | None: ...
 
 
+@entry
 def reduce(
     tensor: torch.Tensor,
     dst: int | None = None,

@@ -39,12 +39,15 @@ from distcompat.launch._rules import LaunchEnvError
 __all__ = [
     "DEFAULT_WATCHDOG_S",
     "MISMATCH_VARIABLE",
+    "PROTECT_VARIABLE",
     "SHM_VARIABLE",
     "WATCHDOG_VARIABLE",
     "MismatchChoice",
+    "ProtectChoice",
     "ShmChoice",
     "WatchdogChoice",
     "choose_mismatch_check",
+    "choose_protection",
     "choose_shm",
     "choose_watchdog",
 ]
@@ -241,4 +244,60 @@ def choose_shm(environ: Mapping[str, str] | None = None) -> ShmChoice:
         )
     raise LaunchEnvError(
         f"{SHM_VARIABLE}={text!r} is not one of auto, on, off", variable=SHM_VARIABLE
+    )
+
+
+#: The variable that keeps torch's own process group instead of distcompat's protected one.
+PROTECT_VARIABLE = "DISTCOMPAT_PROTECT_GROUP"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProtectChoice:
+    """Whether the group distcompat makes is its protected group (every caller checked), and why.
+
+    Example:
+        >>> choose_protection("gloo", environ={}).on
+        True
+    """
+
+    on: bool
+    reason: str
+
+
+def choose_protection(backend: str, environ: Mapping[str, str] | None = None) -> ProtectChoice:
+    """Decide whether a new ``backend`` group is distcompat's protected group.
+
+    On for gloo unless ``DISTCOMPAT_PROTECT_GROUP`` says ``off``: DDP, FSDP2, checkpoints and
+    ``torch.distributed`` calls then go through distcompat's checks. Other backends (NCCL) keep
+    torch's own group: a wrapped NCCL group has not been measured at 0.99x of raw NCCL or better.
+
+    Example:
+        >>> choose_protection("nccl", environ={}).on
+        False
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(PROTECT_VARIABLE, "").strip()
+    if text and text.lower() not in _ON + _OFF:
+        raise LaunchEnvError(
+            f"{PROTECT_VARIABLE}={text!r}: expected 'on' or 'off' (or 1 / 0)",
+            variable=PROTECT_VARIABLE,
+        )
+    if backend != "gloo":
+        return ProtectChoice(
+            on=False,
+            reason=(
+                f"torch's own {backend} group: calls past distcompat's functions (DDP, FSDP2) are "
+                "not checked (a wrapped NCCL group has not been measured at >= 0.99x of raw NCCL)"
+            ),
+        )
+    if text.lower() in _OFF:
+        return ProtectChoice(on=False, reason=f"torch's own gloo group: {PROTECT_VARIABLE}={text}")
+    return ProtectChoice(
+        on=True,
+        reason=(
+            "protected: every call on the group (DDP's gradient buckets, FSDP2, checkpoints, "
+            "torch.distributed.* in any library) goes through distcompat's mismatch check, "
+            "watchdog and typed errors, and through shared memory where every rank is on this "
+            f"machine ({PROTECT_VARIABLE}=off keeps torch's own group)"
+        ),
     )

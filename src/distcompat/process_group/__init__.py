@@ -6,7 +6,8 @@ The two lines a training script writes::
     print(info.reason)                                  # why this device, backend and timeout
 
 ``_lifecycle`` holds init/destroy (and wires in identity publishing, launch pitfalls and the
-watchdog), ``_create`` makes or adopts the group, ``_barrier`` is the barrier a script writes (a
+watchdog), ``_create`` makes or adopts the group, ``_torch_api`` is torch's
+``init_process_group`` / ``destroy_process_group`` doing the same, ``_barrier`` is the barrier a script writes (a
 distcompat collective); the rank queries re-exported here live in ``distcompat._ranks``, below
 the collectives, so that every layer can ask for a rank.
 """
@@ -25,16 +26,19 @@ from distcompat.process_group._lifecycle import (
     distributed_session,
     init_distributed,
 )
+from distcompat.process_group._torch_api import destroy_process_group, init_process_group
 
 __all__ = [
     "DistInfo",
     "DistInitError",
     "barrier",
     "destroy_distributed",
+    "destroy_process_group",
     "distributed_session",
     "get_local_rank",
     "get_rank",
     "get_world_size",
     "init_distributed",
+    "init_process_group",
     "is_main_process",
 ]

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed import distributed_c10d as _c10d
 
 from distcompat._ranks import DistInfo, keep_rendezvous
 from distcompat.launch import LaunchEnv
@@ -25,6 +26,7 @@ from distcompat.launch._placement import (
     choose_timeout,
     resolve_device,
 )
+from distcompat.launch._settings import choose_protection
 
 __all__ = ["DistInitError", "adopt_group", "create_group", "single_process"]
 
@@ -41,6 +43,14 @@ def _publish_identity() -> None:
     from distcompat.collectives._peers import publish
 
     publish()
+
+
+def _protected_backend() -> str:
+    """Register distcompat's protected gloo group with torch; return the backend name to init."""
+    # Imported by the first group, not with this module (as in _publish_identity).
+    from distcompat.collectives._protected import register
+
+    return register()
 
 
 def _bind(choice: DeviceChoice) -> None:
@@ -75,12 +85,30 @@ def single_process(
     )
 
 
+def _keep_default_store(rank: int) -> None:
+    """Keep the rendezvous store of a group torch made, for the watchdog and the mismatch check.
+
+    Their keys go under a fresh ``distcompat/`` prefix (counted per rank, as in
+    :func:`create_group`), so they meet no key of the group's owner.
+    """
+    store = _c10d._get_default_store()
+    keep_rendezvous(store, store.add(f"distcompat/init_count/rank{rank}", 1))
+
+
 def adopt_group(
-    device: str | torch.device, timeout: float | timedelta | None, launch: LaunchEnv
+    device: str | torch.device,
+    timeout: float | timedelta | None,
+    launch: LaunchEnv,
+    made_by: str | None = None,
 ) -> DistInfo:
-    """Describe (never recreate) the default group someone else made; bind the run device."""
+    """Describe (never recreate) the default group torch made; bind the run device.
+
+    ``made_by`` says how distcompat had torch make it (``distributed.init_process_group``): the
+    group is then distcompat's to destroy. Else someone else made it and keeps it.
+    """
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    backend = str(dist.get_backend())
+    world = dist.group.WORLD
+    backend = getattr(world, "protects", None) or str(dist.get_backend())
     if launch.is_distributed:
         local_rank, local_world_size, node_rank = (
             launch.local_rank,
@@ -96,8 +124,12 @@ def adopt_group(
         device = "cuda" if "nccl" in backend else "xpu" if "xccl" in backend else "cpu"
     chosen = resolve_device(device, local_rank=local_rank, env=launch, host=probe_host())
     _bind(chosen)
+    _keep_default_store(rank)
     _publish_identity()
-    if timeout is None:
+    if made_by is not None:  # torch made it with the timeout distcompat chose
+        waited = choose_timeout(timeout)
+        group_timeout, timeout_reason = waited.timeout, waited.reason
+    elif timeout is None:
         group_timeout, timeout_reason = None, "unknown: the adopted group keeps its owner's timeout"
     else:
         group_timeout = choose_timeout(timeout).timeout
@@ -114,10 +146,17 @@ def adopt_group(
         timeout=group_timeout,
         launcher=launch.launcher,
         has_group=True,
-        adopted=True,
+        adopted=made_by is None,
         device_reason=f"{chosen.reason} ({where})",
-        backend_reason=f"{backend}: adopted the process group that already existed",
+        backend_reason=f"{backend}: {made_by or 'adopted the process group that already existed'}",
         timeout_reason=timeout_reason,
+        group_reason=(
+            choose_protection(backend).reason
+            if hasattr(world, "protects")
+            else f"torch's own {backend} group: distcompat's functions are checked on it, calls "
+            "past them (DDP, FSDP2, torch.distributed.*) are not; make it with "
+            "distcompat.distributed.init_process_group to protect them"
+        ),
     )
 
 
@@ -182,8 +221,9 @@ def create_group(
     generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
     keep_rendezvous(store, generation)
     _import_before_the_group()
+    protection = choose_protection(picked.backend)
     dist.init_process_group(
-        backend=picked.backend,
+        backend=_protected_backend() if protection.on else picked.backend,
         store=dist.PrefixStore(f"distcompat/generation{generation}", store),
         rank=launch.rank,
         world_size=launch.world_size,
@@ -206,4 +246,5 @@ def create_group(
         device_reason=chosen.reason,
         backend_reason=picked.reason,
         timeout_reason=waited.reason,
+        group_reason=protection.reason,
     )

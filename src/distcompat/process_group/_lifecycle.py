@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from distcompat._ranks import DistInfo, group_active, record
 from distcompat.launch import LaunchEnv
+from distcompat.launch._flight_recorder import plan_flight_recorder
 from distcompat.launch._settings import WatchdogChoice, choose_mismatch_check, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
 from distcompat.process_group._environ import (
@@ -151,8 +152,18 @@ def init_distributed(
         True
         >>> destroy_distributed()
     """
+    return _initialize(_normalize(device, backend, timeout, watchdog), env, made_by=None)
+
+
+def _initialize(request: _Request, env: LaunchEnv | None, made_by: str | None) -> DistInfo:
+    """Init for ``request``; ``made_by``: how distcompat had torch make the group that exists."""
     global _current, _exit_registered
-    request = _normalize(device, backend, timeout, watchdog)
+    device, backend, timeout, watchdog = (
+        request.device,
+        request.backend,
+        request.timeout,
+        request.watchdog,
+    )
     if _current is not None:
         if _current.info.has_group and not dist.is_initialized():
             _current = None  # someone destroyed our group behind our back: start again
@@ -163,7 +174,7 @@ def init_distributed(
                     f"init_distributed() already ran with ({_current.request}); ignoring the new "
                     f"arguments ({request}) and returning the existing DistInfo",
                     RuntimeWarning,
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             return _current.info
     # Imported by the first init, not with this module: the diagnostics import the collectives
@@ -171,6 +182,7 @@ def init_distributed(
     # `distcompat.init_distributed` imports) stays within 1.05x of `import torch` (issue 28).
     # Everything they install (exit guard, watchdog hooks, teardown) is installed below.
     from distcompat.diagnostics import log_launch_pitfalls
+    from distcompat.diagnostics._config import default_dump_dir
     from distcompat.diagnostics._exit import forget_failures
     from distcompat.diagnostics._exit import install as install_exit_guard
     from distcompat.rank_logging import get_logger
@@ -181,19 +193,26 @@ def init_distributed(
         forget_failures()  # the group that held a failed op is gone
     writes = EnvironWrites()
     if group_active():
-        info = adopt_group(device, timeout, launch)
+        info = adopt_group(device, timeout, launch, made_by)
     elif not launch.is_distributed:
         info = single_process(device, timeout, launch)
     else:
         log_launch_pitfalls(launch, backend=backend)
         writes = bind_gloo_interface(launch, backend)  # GLOO_SOCKET_IFNAME, before the group
         try:
+            # torch's Flight Recorder on NCCL (dumps on timeout), set before the group is made
+            flight = plan_flight_recorder(device, backend, launch, dump_dir=default_dump_dir())
+            flight.make_folder()
+            if flight.reason:
+                writes.set(flight.values, flight.reason)
             info = create_group(device, backend, timeout, launch)
         except BaseException:
             writes.withdraw()
             raise
     # torchrun's RANK, WORLD_SIZE, ... where the launcher left them unset (none without a group)
     info = export_torchrun_contract(info, launch, writes)
+    if writes.reasons and not info.environ_reason:  # only "kept the user's TORCH_FR_..." to say
+        info = replace(info, environ_reason="; ".join(writes.reasons))
     record(info)
     started, info = _watch(info, choose_watchdog(watchdog, group_timeout=info.timeout))
     info = replace(info, mismatch_reason=_mismatch_reason(info))
@@ -228,8 +247,6 @@ def _mismatch_reason(info: DistInfo) -> str:
     """Say whether the default mismatch check covers this group, and why."""
     if not info.has_group:
         return "none: one process, no collective to compare"
-    if info.adopted:
-        return "off: the group was adopted, and its rendezvous store is not distcompat's to use"
     return choose_mismatch_check().reason
 
 

@@ -1,0 +1,110 @@
+"""``init_process_group`` and ``destroy_process_group`` as torch spells them, doing what init does.
+
+A script that keeps its own init changes one import and gets what
+:func:`~distcompat.init_distributed` gives (the protected group, the watchdog, the mismatch
+check, hang dumps, exit handling, lost peers named)::
+
+    import distcompat.distributed as dist               # was: import torch.distributed as dist
+    dist.init_process_group(backend="gloo")             # any of torch's signatures
+    model = DistributedDataParallel(model)              # checked, watched, shared memory
+    dist.destroy_process_group()
+
+Under a launcher with the default ``env://`` rendezvous this is ``init_distributed`` itself (its
+fresh store prefix per init included). An explicit rendezvous (``store=``, ``tcp://``,
+``file://``, or ``rank=`` / ``world_size=`` of the caller's own) is torch's, with distcompat's
+protected backend in place of gloo; the group is then set up as ``init_distributed`` sets up
+one it made.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from distcompat._ranks import recorded
+from distcompat.launch import LaunchEnv
+from distcompat.launch._placement import choose_timeout
+from distcompat.launch._settings import choose_protection
+from distcompat.process_group._create import _protected_backend
+from distcompat.process_group._lifecycle import _initialize, _normalize, destroy_distributed
+
+__all__ = ["destroy_process_group", "init_process_group"]
+
+#: Backends whose groups carry CPU tensors, and the run device each means.
+_DEVICES = {"gloo": "cpu", "nccl": "cuda", "xccl": "xpu"}
+
+
+def _device_for(backend: str | None, device_id: Any) -> str:
+    """Return the run device a torch-style call asks for: ``device_id``, else the backend's."""
+    if device_id is not None:
+        return str(device_id if isinstance(device_id, torch.device) else f"cuda:{device_id}")
+    if backend is None or ":" in backend or "," in backend:
+        return "auto"
+    return _DEVICES.get(str(backend).lower(), "auto")
+
+
+def init_process_group(
+    backend: str | None = None,
+    init_method: str | None = None,
+    timeout: timedelta | None = None,
+    world_size: int = -1,
+    rank: int = -1,
+    store: dist.Store | None = None,
+    group_name: str = "",
+    pg_options: Any | None = None,
+    device_id: torch.device | int | None = None,
+) -> None:
+    """Make the default group as ``torch.distributed.init_process_group`` does, protected.
+
+    The arguments are torch's. The group is distcompat's: every collective on it, DDP's and
+    FSDP2's included, is checked, watched and typed (``distcompat.DistInfo.reason`` through
+    :func:`distcompat.init_distributed`, which returns the same record, says what was chosen).
+    A second call returns quietly, as :func:`distcompat.init_distributed` does.
+
+    Example:
+        >>> init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        >>> dist.get_world_size()
+        1
+        >>> destroy_process_group()
+    """
+    device = _device_for(backend, device_id)
+    request = _normalize(device, backend, timeout)
+    launch = LaunchEnv.from_environ()
+    explicit = store is not None or init_method not in (None, "env://") or rank >= 0
+    if (not explicit and world_size < 0 and launch.is_distributed) or dist.is_initialized():
+        _initialize(request, launch, made_by=None)
+        return
+    name = str(backend).lower() if backend is not None else "gloo"
+    protected = name == "gloo" and choose_protection("gloo").on
+    dist.init_process_group(
+        backend=_protected_backend() if protected else backend,
+        init_method=init_method,
+        timeout=choose_timeout(timeout).timeout,
+        world_size=world_size,
+        rank=rank,
+        store=store,
+        group_name=group_name,
+        pg_options=pg_options,
+        device_id=device_id,
+    )
+    how = f"made by distcompat.distributed.init_process_group (init_method={init_method!r}"
+    _initialize(request, launch, made_by=how + (", store given)" if store is not None else ")"))
+
+
+def destroy_process_group(group: Any | None = None) -> None:
+    """Destroy ``group`` as torch does; the default group distcompat set up, as it sets up.
+
+    Example:
+        >>> destroy_process_group()   # nothing to destroy: a no-op
+    """
+    if group is None or group is dist.group.WORLD:
+        info = recorded()
+        if info is not None and info.has_group and not info.adopted:
+            destroy_distributed()
+            return
+        if not dist.is_initialized():
+            return
+    dist.destroy_process_group(group)
