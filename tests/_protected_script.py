@@ -1,0 +1,115 @@
+"""Rank script for tests/test_collectives_protected.py: DDP, FSDP2, DCP and raw torch calls on
+the group ``distcompat.distributed.init_process_group`` makes, every default on.
+
+    python _protected_script.py SCENARIO [DIR]      # under run_ranks (torchrun's contract)
+
+Each scenario prints ``rank R: ...`` lines the test reads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel
+
+import distcompat.distributed as dist
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
+
+
+def ddp(rank: int, stall: bool, kill: bool) -> None:
+    """Six DDP steps; rank 1 stalls 7 s before step 3 (``stall``) or is SIGKILLed there."""
+    model = DistributedDataParallel(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        if rank == 1 and step == 3 and stall:
+            time.sleep(7)  # the stalled line the report must name
+        if rank == 1 and step == 3 and kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x = torch.full((4, 8), float(rank + step))
+        model(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    weights = torch.cat([p.detach().view(-1) for p in model.parameters()])
+    print(f"rank {rank}: ddp done {weights.sum().item()!r}", flush=True)
+
+
+def raw(rank: int, directory: str) -> None:
+    """Raw torch calls: a mismatch, a compiled functional all_reduce, a DCP save."""
+    try:
+        tdist.all_reduce(torch.ones(4 if rank == 0 else 5))
+    except Exception as exc:  # the typed error, on every rank
+        print(f"rank {rank}: raised {type(exc).__name__}", flush=True)
+    import torch.distributed._functional_collectives as fc
+    import torch.distributed.checkpoint as dcp
+
+    group = tdist.group.WORLD
+
+    @torch.compile(fullgraph=True, backend="eager")  # fullgraph: one graph or an error
+    def doubled_sum(x: torch.Tensor) -> torch.Tensor:
+        return fc.all_reduce(x * 2, "sum", group) + 1
+
+    got = doubled_sum(torch.full((3,), float(rank + 1)))
+    print(f"rank {rank}: compiled {got.tolist()!r}", flush=True)
+    state = {"w": torch.arange(12.0) * (1 + rank), "step": torch.tensor(7)}
+    dcp.save(state, checkpoint_id=directory)
+    print(f"rank {rank}: saved", flush=True)
+
+
+def load(rank: int, directory: str) -> None:
+    """Load what ``raw`` saved, on this world size."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"w": torch.zeros(12), "step": torch.tensor(0)}
+    dcp.load(state, checkpoint_id=directory)
+    print(f"rank {rank}: loaded {state['w'].tolist()!r} {int(state['step'])}", flush=True)
+
+
+def fsdp(rank: int) -> None:
+    """Four FSDP2 steps on a 3-layer MLP; print each step's loss."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = _mlp()
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(4):
+        if rank == 1 and step == 2 and os.environ.get("STALL") == "1":
+            time.sleep(7)
+        x = torch.linspace(-1, 1, 32).view(4, 8) * (rank + 1 + step)
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    print(f"rank {rank}: fsdp losses {losses!r}", flush=True)
+
+
+def main() -> None:
+    scenario = sys.argv[1]
+    dist.init_process_group(backend="gloo")  # the user's own init line, through distcompat
+    rank = dist.get_rank()
+    if scenario in ("ddp-stall", "ddp-kill"):
+        ddp(rank, stall=scenario == "ddp-stall", kill=scenario == "ddp-kill")
+    elif scenario == "raw":
+        raw(rank, sys.argv[2])
+    elif scenario == "load":
+        load(rank, sys.argv[2])
+    elif scenario == "fsdp":
+        fsdp(rank)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
