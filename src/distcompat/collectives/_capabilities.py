@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
 from distcompat.collectives._probed import ProbedCells, probed_for, remember
@@ -208,6 +209,7 @@ def probe_cases(group: Any, device: torch.device) -> list[ProbeCase]:
     return cases
 
 
+@entry  # the backend's own behaviour: on a protected group its calls go straight to it
 def _probe(group: Any, device: torch.device) -> Capabilities:
     world = dist.get_world_size(group)
     caps = Capabilities(
