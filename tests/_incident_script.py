@@ -10,7 +10,8 @@ the culprit:
 3. a mismatch at call #3: the culprit broadcasts where the others all_reduce (the mismatch check
    off for it, so the watchdog sees it), under a raising watchdog that ends the job.
 
-Each rank prints ``ENDED <error type>`` and leaves with ``os._exit`` (the group holds the
+Each rank prints ``ENDED <error type> full|pointer`` (whether the error's message holds the
+full report or one line that points to it) and leaves with ``os._exit`` (the group holds the
 mismatched op).
 """
 
@@ -65,7 +66,9 @@ def main() -> None:
                 else:
                     distcompat.all_reduce(t)
             except (HangError, PeerLostError) as exc:  # a peer may have left first
-                ended = type(exc).__name__
+                # the rank that printed the report carries it; the others one line pointing to it
+                told = "full" if "findings:" in str(exc) else "pointer"
+                ended = f"{type(exc).__name__} {told}"
     print("ENDED", ended, flush=True)
     sys.stderr.flush()
     os._exit(0)

@@ -65,7 +65,7 @@ def _full_reports(ranks: list[Ended], incident: int) -> list[int]:
 def test_torch_analyzer_names_the_rank_distcompat_names(world: int, tmp_path: Path) -> None:
     ranks = run_ranks(SCRIPT, world, args=[str(tmp_path / "dumps")], timeout=90)
     detail = "\n".join(f"--- rank {r.rank}\n{r.stdout}\n{r.stderr[-3000:]}" for r in ranks)
-    assert re.search(r"^ENDED (HangError|PeerLostError)", ranks[0].stdout, re.M), detail
+    assert re.search(r"^ENDED (HangError|PeerLostError) ", ranks[0].stdout, re.M), detail
     culprit = world - 1
     # a rank that outlives the others may report their exit as a fourth incident
     incidents: dict[int, PostMortem] = {
@@ -96,6 +96,9 @@ def test_torch_analyzer_names_the_rank_distcompat_names(world: int, tmp_path: Pa
         r"does not match found collective type: '(broadcast|all_reduce)'",
         text,
     ), text
+    ended = [re.search(r"^ENDED (\S+) (\S+)", r.stdout, re.M) for r in ranks]
+    hang_errors = [m[2] for m in ended if m is not None and m[1] == "HangError"]
+    assert hang_errors.count("full") <= 1, detail  # the incident's printer; the rest point to it
     for number in (1, 2, 3):  # one full report per incident in the job's output
         (writer,) = _full_reports(ranks, number)
         pointer = re.compile(

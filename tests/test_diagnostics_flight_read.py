@@ -86,3 +86,41 @@ def test_a_file_that_is_not_plain_data_is_refused_not_run(tmp_path: Path) -> Non
     (tmp_path / "comm_lib_trace_rank_0").write_bytes(pickle.dumps({"version": "2.10"}))
     with pytest.raises(FlightReadError, match="no Flight Recorder dump"):
         read_flight_dumps(tmp_path)
+
+
+def _nccl_entry(record_id: int, seq: int, name: str, *, p2p: bool = False, state: str = "completed",
+                group: tuple[str, str] = ("0", "default_pg")) -> dict[str, object]:  # fmt: skip
+    return {
+        "record_id": record_id, "pg_id": 0, "process_group": group, "collective_seq_id": seq,
+        "p2p_seq_id": 1 if p2p else 0, "op_id": record_id, "profiling_name": name,
+        "time_created_ns": 0, "input_sizes": [[8]], "input_dtypes": ["Float"],
+        "output_sizes": [[8]], "output_dtypes": ["Float"], "state": state, "is_p2p": p2p,
+        "frames": [{"name": "step", "filename": "train.py", "line": 40 + record_id}],
+    }  # fmt: skip
+
+
+def test_nccl_shaped_dumps_a_peer_wait_and_a_missing_file(tmp_path: Path) -> None:
+    """Simulated: dumps shaped as NCCL writes them (4 ranks, rank 3's file missing): rank 0's
+    newest entry is a recv from rank 1 still started; rank 1's old send (completed) is no wait."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}}
+    dumps = {
+        0: [_nccl_entry(0, 1, "nccl:all_reduce"), _nccl_entry(1, 1, "nccl:recv 0<-1", p2p=True,
+                                                              state="started")],
+        1: [_nccl_entry(0, 1, "nccl:all_reduce"), _nccl_entry(1, 1, "nccl:send 1->2", p2p=True),
+            _nccl_entry(2, 2, "nccl:all_reduce", state="started")],
+        2: [_nccl_entry(0, 1, "nccl:all_reduce"), _nccl_entry(1, 1, "nccl:recv 2<-1", p2p=True),
+            _nccl_entry(2, 2, "nccl:all_reduce", state="started")],
+    }  # fmt: skip
+    for rank, entries in dumps.items():
+        data = {"version": "2.10", "pg_config": config, "pg_status": {}, "entries": entries}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(data))
+    found = read_flight_dumps(tmp_path)
+    assert found.prefix == "nccl_trace_rank_"
+    findings = found.findings()
+    assert findings == [
+        "rank 3 wrote no dump here (it died, was not reached, or its file was not copied)",
+        "rank 0 did not join #2 nccl:all_reduce(Float[8]) of group 0 (default_pg): its newest "
+        "there is #1; rank(s) 1, 2 reached #2",
+        "rank 0 waits in recv from rank 1 on group 0 (default_pg)",
+    ]
+    assert "rank 1: newest #2 nccl:all_reduce(Float[8]) started at train.py:42" in found.describe()

@@ -148,10 +148,12 @@ class FlightDumps:
                 )
         found += _disagreements(label, collectives)
         for r in sorted(calls):
-            pending = [e for e in calls[r] if e.is_p2p and e.state != "completed"]
-            if pending:
-                entry = pending[-1]
-                found.append(f"rank {r} waits in {_p2p_words(entry, members)} on {label}")
+            # gloo's entries stay "scheduled" even when done: only a rank's newest entry, if it
+            # is a point-to-point op not seen completed, is taken for a wait on its peer
+            newest_of_r = self.entries[r][-1] if self.entries.get(r) else None
+            p2p = newest_of_r if newest_of_r is not None and newest_of_r.is_p2p else None
+            if p2p is not None and p2p.state != "completed" and p2p in calls[r]:
+                found.append(f"rank {r} waits in {_p2p_words(p2p, members)} on {label}")
         return found
 
     def doing(self, rank: int) -> str:

@@ -57,6 +57,8 @@ class IncidentDesk:
         self.config = config
         self.recorder = recorder
         self.last_report: HangReport | None = None
+        self.printed_by = 0  # the rank that printed last_report in full
+        self.last_dump: Path | None = None  # this rank's dump of last_report
         self.channel: SideChannel | None = None
         self.channel_reason = ""
         self.rank, self.world = 0, 1
@@ -248,27 +250,34 @@ class IncidentDesk:
             if self.config.action == "report"
             else "the waiting rank raises HangError, the others at their next collective"
         )
+        printed_by = self.rank if writer is None else writer
         log = logging.getLogger(_LOG)
-        if writer is None or writer == self.rank:
+        if printed_by == self.rank:
             log.error(
                 "[rank %d] %s\nper-rank dump: %s\ntorch's analyzer reads the same incident: "
                 "python -m torch.distributed.flight_recorder.fr_trace %s\n%s",
                 self.rank, report.describe(), path, path.parent, then,
             )  # fmt: skip
         else:
-            log.error(
-                "[rank %d] hang incident %d of job %s: %s; the full report is in rank %d's "
-                "output, this rank's dump is %s",
-                self.rank, report.incident, report.job,
-                " ".join(report.verdict.findings[0].split()), writer, path,
-            )  # fmt: skip
+            log.error("[rank %d] %s", self.rank, _pointer(report, printed_by, path))
         with self._cv:
             self.last_report = report
+            self.printed_by, self.last_dump = printed_by, path
             self._handled_at = time.monotonic()
             self.poisoned = self.config.action == "raise"  # the next collective raises
             self._cv.notify_all()
         if self.poisoned:  # every call now takes the general path, whose pre-call refuses it
             _checked.step_aside()  # not _hooks.refresh(): its lock is held while a desk halts
+
+    def pointer(self, report: HangReport) -> str | None:
+        """Return the line that stands for ``report`` here, or None where this rank printed it.
+
+        For an error raised on a rank that did not print the report (``HangError``, a lost
+        peer's note): its first finding and where the full report is, not a second copy.
+        """
+        if report is not self.last_report or self.printed_by == self.rank:
+            return None
+        return _pointer(report, self.printed_by, self.last_dump)
 
     def _write(self, report: HangReport) -> Path:
         snapshot = self.recorder.snapshot()
@@ -287,6 +296,15 @@ class IncidentDesk:
                 "distcompat watchdog: the Flight Recorder-format dump was not written: %s", exc
             )
         return path
+
+
+def _pointer(report: HangReport, printed_by: int, dump: Path | None) -> str:
+    """One line for a report another rank printed: its first finding, who printed it, the dump."""
+    finding = " ".join(report.verdict.findings[0].split())
+    return (
+        f"hang incident {report.incident} of job {report.job}: {finding}; the full report is in "
+        f"rank {printed_by}'s output, this rank's dump is {dump}"
+    )
 
 
 def _job_name() -> str:

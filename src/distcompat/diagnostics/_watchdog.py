@@ -20,7 +20,7 @@ keeps waiting (``action="report"``, what ``init_distributed`` starts by default)
 Limits (said plainly): a raw ``torch.distributed`` call is not recorded and cannot be
 interrupted: it blocks in C++ until the group timeout, although this rank still answers alarms
 (its stacks show the call). On NCCL a collective returns before the GPU finishes, so the host sees
-no hang there; use torch's NCCL watchdog and flight recorder. With no group, or an adopted group
+no hang there; torch's Flight Recorder (set by init) dumps it. With no group, or an adopted group
 whose store distcompat does not know, the report covers this rank only (``why()`` says which).
 """
 
@@ -346,7 +346,7 @@ class Watchdog:
         if isinstance(typed, PeerLostError) and self.config.action == "raise":
             report = self._desk.declare(f"rank {self._desk.rank}: {typed}", time.monotonic())
             if hasattr(typed, "add_note"):  # Python 3.11+: the report travels with the error
-                typed.add_note(report.describe())
+                typed.add_note(self._desk.pointer(report) or report.describe())
             raise typed from exc
         return typed
 
@@ -354,10 +354,11 @@ class Watchdog:
         report = self.last_report
         assert report is not None  # _declare always leaves one
         late = report.verdict.blamed
+        told = self._desk.pointer(report)  # another rank printed it: one line, not a copy
         return HangError(
             f"{op}: {reason}; hang declared (incident {report.incident}); report written to "
             f"{self.config.directory}\n"
-            + report.describe(stacks=tuple(r for r in late if r != self._desk.rank)),
+            + (told or report.describe(stacks=tuple(r for r in late if r != self._desk.rank))),
             op=op,
             peer=late[0] if len(late) == 1 else None,
             report=report,
