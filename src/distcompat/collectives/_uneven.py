@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._checked import verify
+from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
@@ -108,6 +109,7 @@ def all_gather_uneven(
 ) -> torch.Tensor | CompatWork: ...
 
 
+@entry
 def all_gather_uneven(
     tensor: torch.Tensor, group: Any = None, async_op: bool = False
 ) -> torch.Tensor | CompatWork:

@@ -160,6 +160,16 @@ class ShardedSampler(Sampler[int]):
         self._sync()
         self._cursor.finished = True
 
+    def _span(self) -> tuple[int, int]:
+        """Return the current pass's ``(positions, samples)`` (for ``gather_for_metrics``).
+
+        Rank r holds positions r, r + W, ... below ``positions``; the first ``samples`` of them
+        are the pass's samples, the rest repeat the epoch's start (mode ``"pad"``).
+        """
+        remaining = self._cursor.num_samples - self._start
+        limit = positions_limit(remaining, self.num_replicas, self.mode)
+        return limit, min(limit, remaining)
+
     def _sync(self) -> None:
         """Fold the current pass's handed-out indices into the cursor's global position."""
         remaining = self._cursor.num_samples - self._start
