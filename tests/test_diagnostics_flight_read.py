@@ -7,6 +7,7 @@ The gloo dumps are torch's own, written by plain torch scripts on real rank proc
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
 from pathlib import Path
@@ -79,7 +80,9 @@ def test_torch_dumps_beside_distcompat_dumps_are_both_read(
 
 
 def test_a_file_that_is_not_plain_data_is_refused_not_run(tmp_path: Path) -> None:
-    """Simulated: a pickle that would call a function when loaded, named like a dump."""
+    """Simulated: a pickle that would call a function when loaded, named like a dump; and a
+    named pipe named like one (opening it would block), passed over."""
+    os.mkfifo(tmp_path / "comm_lib_trace_rank_1")
     (tmp_path / "comm_lib_trace_rank_0").write_bytes(pickle.dumps(Path("/etc")))
     with pytest.raises(FlightReadError, match=r"refused: the file names pathlib\.\w*Path"):
         read_flight_dumps(tmp_path)

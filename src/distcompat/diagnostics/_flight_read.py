@@ -281,16 +281,16 @@ def _completed(data: dict[str, Any], pg_names: dict[int, str]) -> dict[str, int]
     return out
 
 
-def _sets(root: Path) -> tuple[dict[tuple[Path, str], dict[int, Path]], list[str]]:
-    """Candidate dump files under ``root``, grouped by (folder, prefix)."""
+def _sets(root: Path) -> dict[tuple[Path, str], dict[int, Path]]:
+    """Return the candidate dump files under ``root``, grouped by (folder, prefix)."""
     found: dict[tuple[Path, str], dict[int, Path]] = {}
     for folder, _, names in os.walk(root):
         for name in names:
             match = _NAME.match(name)
-            if match is not None:
+            if match is not None and (Path(folder) / name).is_file():  # never a pipe: it blocks
                 key = (Path(folder), match["prefix"])
                 found.setdefault(key, {})[int(match["rank"])] = Path(folder) / name
-    return found, []
+    return found
 
 
 def read_flight_dumps(
@@ -313,7 +313,8 @@ def read_flight_dumps(
     root = Path(directory)
     if not root.is_dir():
         raise FlightReadError(f"cannot read {root}: not a directory")
-    candidates, skipped = _sets(root)
+    candidates = _sets(root)
+    skipped: list[str] = []
     loaded: dict[tuple[Path, str], dict[int, dict[str, Any]]] = {}
     for key, files in candidates.items():
         dumps = {}
