@@ -119,7 +119,7 @@ def _group_of(label: str) -> Any:
     return None
 
 
-def _group_config(label: str, world_size: int) -> dict[str, str] | None:
+def _group_config(label: str) -> dict[str, str] | None:
     """``pg_config``'s entry for the group labelled ``label``: its name, desc and global ranks."""
     group = _group_of(label)
     if group is None:
@@ -252,7 +252,7 @@ def flight_dump(
     for index, record in enumerate(history):
         config = configs.get(record.group)
         if config is None:
-            found = _group_config(record.group, world_size)
+            found = _group_config(record.group)
             if found is None:
                 continue
             config = configs[record.group] = found
@@ -312,5 +312,5 @@ def write_flight_dump(folder: Path, *, rank: int, data: Mapping[str, Any]) -> Pa
     """
     path = flight_path(folder, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, pickle.dumps(dict(data), protocol=pickle.HIGHEST_PROTOCOL))
+    atomic_write_bytes(path, pickle.dumps(dict(data), protocol=2))  # as torch's C++ pickler
     return path
