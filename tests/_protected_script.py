@@ -35,7 +35,11 @@ def ddp(rank: int, stall: bool, kill: bool) -> None:
         if rank == 1 and step == 3 and kill:
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.full((4, 8), float(rank + step))
-        model(x).square().mean().backward()
+        try:
+            model(x).square().mean().backward()
+        except Exception as exc:  # the typed error, out of backward()
+            print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+            raise
         opt.step()
         opt.zero_grad()
     weights = torch.cat([p.detach().view(-1) for p in model.parameters()])

@@ -23,9 +23,7 @@ backend: they work, unprotected.
 
 from __future__ import annotations
 
-import ctypes
 import sys
-import threading
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -39,6 +37,7 @@ from torch.distributed.algorithms import join as _join
 from distcompat.collectives import _entry
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._coalesced import all_reduce_coalesced
+from distcompat.collectives._handover import Caller, shielded
 from distcompat.collectives._movement import (
     all_gather,
     all_gather_into_tensor,
@@ -70,21 +69,6 @@ def _op(opts: Any) -> Any:
     return _KINDS.get(chosen.op, chosen)  # PREMUL_SUM keeps its factor
 
 
-class _Pending(BaseException):
-    """Raised in a thread by :func:`_raise_in`: CPython makes it, and gets the error instead."""
-
-    error: BaseException
-
-    def __new__(cls, *args: Any) -> Any:  # type: ignore[misc]  # returns the error it stands for
-        return cls.error
-
-
-def _raise_in(thread: int, error: BaseException) -> None:
-    """Raise ``error`` in ``thread`` at the next Python line it runs."""
-    pending = type(type(error).__name__, (_Pending,), {"error": error})
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(pending))
-
-
 class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
     """The ``torch.distributed.Work`` a :class:`ProtectedGroup` hands its callers.
 
@@ -92,10 +76,9 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
     raises the typed error, and ``get_future()`` works for every op (gloo has none for
     reduce_scatter and point-to-point ops), which DDP's reducer and torch's callers use.
 
-    A caller in C++ (``thread`` is its thread; DDP's reducer) gets a future that never fails:
-    torch 2.13's reducer crashes the process (SIGSEGV) on a future that failed in Python. The
-    op's typed error (:class:`PeerLostError` naming the rank) is raised in that thread instead,
-    at its first Python line after the C++ call (``loss.backward()`` raises it).
+    A caller in C++ (``caller``; DDP's reducer) gets a future that never fails, and a failed
+    op's typed error is raised in its thread once its C++ call is back in Python
+    (``loss.backward()`` raises the :class:`PeerLostError`): see ``_handover``.
 
     Example:
         >>> work = GroupWork(CompatWork.completed([torch.ones(1)]), [torch.ones(1)])
@@ -103,11 +86,11 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
         (True, [tensor([1.])])
     """
 
-    def __init__(self, handle: CompatWork, outputs: Any, thread: int | None = None) -> None:
+    def __init__(self, handle: CompatWork, outputs: Any, caller: Caller | None = None) -> None:
         super().__init__()
         self.handle = handle
         self.outputs = outputs
-        self.thread = thread
+        self.caller = caller
 
     def wait(self, timeout: timedelta = _NO_TIMEOUT) -> bool:
         """Wait for the op (bounded by the watchdog); a zero timeout means none, as in torch."""
@@ -116,26 +99,7 @@ class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
     def get_future(self) -> torch.futures.Future[Any]:
         """Return the op's future: its value is the op's output tensors."""
         future = self.handle.get_future()
-        if self.thread is None:
-            return future
-        if future.done():
-            future.value()  # raises a failed op's error here, into the caller's C++ call
-        shielded: torch.futures.Future[Any] = torch.futures.Future()
-        thread, outputs = self.thread, self.outputs
-
-        def settle(done: torch.futures.Future[Any]) -> None:
-            try:
-                value = done.value()
-            except BaseException as exc:
-                if threading.get_ident() == thread:  # it would be raised here, in this callback
-                    threading.Thread(target=_raise_in, args=(thread, exc), daemon=True).start()
-                else:
-                    _raise_in(thread, exc)
-                value = outputs  # the caller finishes its C++ call, then meets the error
-            shielded.set_result(value)
-
-        future.add_done_callback(settle)
-        return shielded
+        return future if self.caller is None else shielded(future, self.outputs, self.caller)
 
     def is_completed(self) -> bool:
         """Return whether the op finished (successfully or not); never blocks."""
@@ -172,13 +136,13 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
     assert handle is not None, "an async distcompat collective returns a handle"
     caller = sys._getframe(2)
     if caller.f_code.co_filename != _PYTHON_CALLER:
-        return GroupWork(handle, outputs, threading.get_ident())
+        return GroupWork(handle, outputs, Caller.here(2))
     outer = caller.f_back
     while outer is not None and outer.f_code.co_filename == _LOGGER:  # torch's logging wrapper
         outer = outer.f_back
     if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
-        shielded = GroupWork(handle, outputs, threading.get_ident()).get_future()
-        return _c10d._create_work_from_future(shielded)
+        future = shielded(handle.get_future(), outputs, Caller.here(2))
+        return _c10d._create_work_from_future(future)
     return GroupWork(handle, outputs)
 
 
