@@ -84,6 +84,8 @@ def test_demo_end_to_end_on_two_ranks(plain_run: tuple[Path, int, str, str]) -> 
     assert manifest["resume"]["checkpoint_step"] == 12
     assert manifest["restarts"] == 0
     assert manifest["restart_timings"] is None
+    assert manifest["validation"]["windows"] == 37  # gather_for_metrics: every window, once
+    assert manifest["validation"]["each_once"] is True
     assert re.fullmatch(r"[0-9a-f]{64}", manifest["final_params_sha256"])
     losses = manifest["losses"]
     assert len(losses) == manifest["steps"] == 24

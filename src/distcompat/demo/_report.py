@@ -23,6 +23,7 @@ from distcompat._ranks import DistInfo
 from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._checks import AllReduceTiming, ReplicaCheck
 from distcompat.demo._config import DemoConfig
+from distcompat.demo._validate import Validation
 from distcompat.runtime import DtypeChoice
 
 __all__ = ["RunReport", "StepRecord", "TimingsWriter", "throughput", "write_manifest"]
@@ -145,6 +146,7 @@ class RunReport:
     restarts: int = 0
     final_params_sha256: str = ""
     restart_timings: dict[str, Any] | None = None
+    validation: Validation | None = None
 
     @property
     def losses(self) -> list[float]:
@@ -159,8 +161,9 @@ class RunReport:
 
     @property
     def passed(self) -> bool:
-        """True when the replicas are equal and the resume matched."""
-        return self.replicas.equal and bool(self.resume["matched"])
+        """True when the replicas are equal, the resume matched and validation saw each window."""
+        seen = self.validation is None or self.validation.each_once
+        return self.replicas.equal and bool(self.resume["matched"]) and seen
 
     def manifest(self) -> dict[str, Any]:
         """Return the JSON object written to ``manifest.json``."""
@@ -192,6 +195,7 @@ class RunReport:
             "replicas_tolerance": self.replicas.tolerance,
             "resume_matched": bool(self.resume["matched"]),
             "resume": self.resume,
+            "validation": None if self.validation is None else asdict(self.validation),
             "checkpoint_step": config.checkpoint_step,
             "checkpoint_every": config.save_every,
             "restarts": self.restarts,
@@ -239,12 +243,24 @@ class RunReport:
                 f"  resume          {'matched' if resume['matched'] else 'DID NOT MATCH'} "
                 f"({resume['steps_compared']} steps after the step-{resume['checkpoint_step']} "
                 f"checkpoint; max loss diff {resume['max_loss_diff']:.3g})",
+                *_validation_line(self.validation),
                 f"  restarts        {self.restarts}{_restart_line(self.restart_timings)}",
                 f"  params sha256   {self.final_params_sha256}",
                 f"  wrote           {self.config.out / 'manifest.json'}, "
                 f"{self.config.out / 'timings.jsonl'}",
             )
         )
+
+
+def _validation_line(validation: Validation | None) -> list[str]:
+    """Return the summary's validation line (none when validation did not run)."""
+    if validation is None:
+        return []
+    seen = "each once" if validation.each_once else "NOT each exactly once"
+    return [
+        f"  validation      loss {validation.loss:.3f} over {validation.windows} held-out "
+        f"windows ({seen}, gathered from every rank by gather_for_metrics)"
+    ]
 
 
 def _restart_line(timings: dict[str, Any] | None) -> str:

@@ -46,6 +46,7 @@ from distcompat.demo._restarts import (
     kill_if_planned,
     restart_timings,
 )
+from distcompat.demo._validate import validate
 from distcompat.rank_logging import progress_backend
 from distcompat.runtime import compute_dtype
 
@@ -341,7 +342,8 @@ def run_rank(config: DemoConfig) -> int:
     with TimingsWriter(config.out / "timings.jsonl", attempt=attempt) as timings:
         _train(config, trainer, timings, progress, corpus, info.device)
         trainer.close()
-        distcompat.print0("checks: replicas, all-reduce latency ...", flush=True)
+        distcompat.print0("checks: validation, replicas, all-reduce latency ...", flush=True)
+        validation = validate(trainer.model, config, info.device)  # gather_for_metrics
         replicas = check_replicas(trainer.model)
         latency = time_allreduce(numel=params, reps=config.allreduce_reps, device=info.device)
     assert progress.resume_check is not None  # DemoConfig keeps the check within 1..steps
@@ -354,6 +356,7 @@ def run_rank(config: DemoConfig) -> int:
         replicas=replicas,
         allreduce=latency,
         resume=progress.resume_check,
+        validation=validation,
         wall_s=time.perf_counter() - started,
         restarts=attempt,
         final_params_sha256=params_sha256(trainer.model),
