@@ -18,6 +18,7 @@ import torch.distributed as tdist
 from torch.nn.parallel import DistributedDataParallel
 
 import distcompat.distributed as dist
+from distcompat.collectives.shm import _path as shm
 
 
 def _mlp() -> torch.nn.Module:
@@ -44,6 +45,22 @@ def ddp(rank: int, stall: bool, kill: bool) -> None:
         opt.zero_grad()
     weights = torch.cat([p.detach().view(-1) for p in model.parameters()])
     print(f"rank {rank}: ddp done {weights.sum().item()!r}", flush=True)
+    engine = shm._groups.get(tdist.group.WORLD)  # the ops the shared-memory path ran
+    print(f"rank {rank}: shm calls {getattr(engine, 'calls', 0)}", flush=True)
+
+
+def adopted_late(rank: int) -> None:
+    """torch's own init, adopted by init_distributed; rank 1 comes 7 s late to an all_reduce."""
+    import distcompat
+
+    info = distcompat.init_distributed()  # adopts the group torch made, with its store
+    print(f"rank {rank}: adopted {info.adopted}", flush=True)
+    if rank == 1:
+        time.sleep(7)  # the late line the report must name
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    print(f"rank {rank}: total {total.item()!r}", flush=True)
+    tdist.destroy_process_group()
 
 
 def raw(rank: int, directory: str) -> None:
@@ -102,6 +119,10 @@ def fsdp(rank: int) -> None:
 
 def main() -> None:
     scenario = sys.argv[1]
+    if scenario == "adopt-late":
+        tdist.init_process_group(backend="gloo")  # torch's own init: a plain gloo group
+        adopted_late(tdist.get_rank())
+        return
     dist.init_process_group(backend="gloo")  # the user's own init line, through distcompat
     rank = dist.get_rank()
     if scenario in ("ddp-stall", "ddp-kill"):

@@ -52,6 +52,20 @@ def test_a_ddp_stall_is_reported_naming_the_rank_and_the_job_completes(shm: str)
     output = "".join(r.stdout + r.stderr for r in ranks)
     assert "hang report" in output
     assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)')}", output)
+    calls = int(_said(ranks, 0, "shm calls"))  # DDP's buckets took shared memory, unasked
+    assert calls >= 6 if shm == "auto" else calls == 0
+
+
+def test_a_group_torch_made_is_adopted_with_its_store() -> None:
+    """``torch.distributed.init_process_group("gloo")``, then ``init_distributed()``: a rank late
+    to a distcompat all_reduce is named with its line, from the other rank's report too."""
+    env = {"DISTCOMPAT_WATCHDOG": "2"}
+    ranks = run_ranks(SCRIPT, 2, args=("adopt-late",), env=env, timeout=90)
+    assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
+    assert _said(ranks, 0, "adopted") == "True"
+    assert _said(ranks, 0, "total") == "2.0"
+    report = ranks[0].stdout + ranks[0].stderr  # rank 0 waits: its report covers rank 1 too
+    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)', 2)}", report)
 
 
 @SHM
@@ -111,7 +125,7 @@ def test_a_stall_between_fsdp2_steps_is_named() -> None:
     ranks = run_ranks(SCRIPT, 2, args=("fsdp",), env=env, timeout=90)
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     output = "".join(r.stdout + r.stderr for r in ranks)
-    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)', 2)}", output)
+    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)', 3)}", output)
 
 
 def test_the_group_forwards_inside_an_entry_and_wraps_outside() -> None:
