@@ -130,6 +130,7 @@ class IncidentDesk:
                 )
             if self._handled_at < since or self.last_report is None:  # the thread did not answer
                 self.last_report = self._local_report(reason, "the watchdog thread did not answer")
+                self.printed_by = self.rank  # never printed: the error carries it in full
                 self._handled_at = time.monotonic()
             return self.last_report
 
@@ -153,6 +154,7 @@ class IncidentDesk:
                 logging.getLogger(_LOG).error("distcompat watchdog: %s", exc, exc_info=True)
                 with self._cv:
                     self.last_report = self._local_report(reason or "alarm", f"failed: {exc}")
+                    self.printed_by = self.rank  # never printed: the error carries it in full
                     self._handled_at = time.monotonic()
                     self._cv.notify_all()
 
