@@ -2,11 +2,12 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--widths 256 512 1024 2048] [--steps 30]
+    .venv/bin/python benchmarks/bench_ddp.py [--ranks 2] [--widths 256 512 1024 2048 0] [--steps 30]
 
 Starts itself on ``--ranks`` ranks under torchrun with every distcompat default on
 (``init_distributed``: the default group is the protected group, the watchdog and the mismatch
-check on, shared memory ``auto``). For each width it builds the same 4-layer MLP three times:
+check on, shared memory ``auto``). For each width it builds the same 4-layer MLP three times
+(width 0: the demo's GPT, ``distcompat.demo``'s model at its default size):
 
 * ``raw``: ``DistributedDataParallel(model, process_group=gloo)`` on a plain gloo group
   (``new_group(backend="gloo")``: torch's own, no distcompat);
@@ -38,10 +39,19 @@ def _mlp(width: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers[:-1])
 
 
+def _gpt() -> torch.nn.Module:
+    from distcompat.demo._model import GPT, GPTConfig
+
+    return GPT(GPTConfig(), seed=0)  # the demo's model: 4 layers, 128 wide, 128 tokens
+
+
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, batch: torch.Tensor) -> float:
     """Time one training step (forward, backward, optimizer step) in seconds."""
     start = time.perf_counter()
-    model(batch).square().mean().backward()
+    if batch.dtype == torch.long:  # tokens: the GPT's own loss
+        model(batch, batch).backward()
+    else:
+        model(batch).square().mean().backward()
     opt.step()
     opt.zero_grad()
     return time.perf_counter() - start
@@ -58,14 +68,19 @@ def worker(widths: list[int], steps: int) -> None:
     gloo = dist.new_group(backend="gloo")  # torch's own group
     rows = []
     for width in widths:
+        make = _gpt if width == 0 else lambda: _mlp(width)  # noqa: B023  # called at once
         models = {
-            "raw": DistributedDataParallel(_mlp(width), process_group=gloo),
-            "hook": DistributedDataParallel(_mlp(width), process_group=gloo),
-            "protected": DistributedDataParallel(_mlp(width)),
+            "raw": DistributedDataParallel(make(), process_group=gloo),
+            "hook": DistributedDataParallel(make(), process_group=gloo),
+            "protected": DistributedDataParallel(make()),
         }
         models["hook"].register_comm_hook(gloo, allreduce_hook)
         opts = {name: torch.optim.SGD(m.parameters(), lr=1e-3) for name, m in models.items()}
-        batch = torch.randn(16, width, generator=torch.Generator().manual_seed(info.rank))
+        seeded = torch.Generator().manual_seed(info.rank)
+        if width == 0:  # the GPT: 8 sequences of 128 tokens
+            batch = torch.randint(0, 256, (8, 128), generator=seeded)
+        else:
+            batch = torch.randn(16, width, generator=seeded)
         times: dict[str, list[float]] = {name: [] for name in models}
 
         for name in models:
@@ -79,7 +94,8 @@ def worker(widths: list[int], steps: int) -> None:
         median = {name: statistics.median(t) * 1e3 for name, t in times.items()}
         rows.append((width, median))
     if info.rank == 0:
-        print(f"{info.world_size} ranks, 4-layer MLP, batch 16, median of {steps} steps (ms)")
+        print(f"{info.world_size} ranks, median of {steps} steps (ms); width 0: the demo's GPT")
+        print("(4-layer MLP, batch 16; GPT: 4 layers, 128 wide, batch 8 x 128 tokens)")
         print(
             "| width | raw gloo | with allreduce_hook | protected group | raw / protected "
             "| hook / protected |"
@@ -96,7 +112,9 @@ def worker(widths: list[int], steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--widths", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    parser.add_argument(
+        "--widths", type=int, nargs="+", default=[256, 512, 1024, 2048, 0], help="0: the GPT"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
