@@ -58,28 +58,45 @@ _GATHER = getattr(tdist, "all_gather_single", None) or tdist.all_gather_into_ten
 _SCATTER = getattr(tdist, "reduce_scatter_single", None) or tdist.reduce_scatter_tensor
 
 
+_plain: list[Any] = []
+
+
+def _raw_group() -> Any:
+    """torch's own gloo group for the raw side, where the default group is distcompat's protected
+    one (whose calls go through distcompat); None (the default group) elsewhere. Every rank makes
+    it on its first pair, as every rank makes the same pairs in the same order."""
+    world = tdist.group.WORLD
+    if not hasattr(world, "protects"):
+        return None
+    if not _plain or _plain[0] is not world:  # none yet, or made under an earlier world
+        _plain[:] = [world, tdist.new_group(backend="gloo")]
+    return _plain[1]
+
+
 def _pair(
     op: str, nbytes: int, world: int, device: torch.device | None = None
 ) -> tuple[Callable[[], Any], Callable[[], Any], int]:
     """(raw call, distcompat call, bytes counted for algbw) for one op and size."""
     n = max(1, nbytes // 4)
     ones, empty = (functools.partial(make, device=device) for make in (torch.ones, torch.empty))
+    g = _raw_group()
     if op == "all_reduce":
         t = ones(n)
-        return (lambda: tdist.all_reduce(t)), (lambda: dc.all_reduce(t)), n * 4
+        return (lambda: tdist.all_reduce(t, group=g)), (lambda: dc.all_reduce(t)), n * 4
     if op == "broadcast":
         t = ones(n)
-        return (lambda: tdist.broadcast(t, src=0)), (lambda: dc.broadcast(t, src=0)), n * 4
+        raw = lambda: tdist.broadcast(t, src=0, group=g)  # noqa: E731
+        return raw, (lambda: dc.broadcast(t, src=0)), n * 4
     if op == "all_gather_into_tensor":
         inp, out = ones(n), empty(n * world)
-        raw = lambda: _GATHER(out, inp)  # noqa: E731
+        raw = lambda: _GATHER(out, inp, group=g)  # noqa: E731
         return raw, (lambda: dc.all_gather_into_tensor(out, inp)), n * world * 4
     if op == "reduce_scatter_tensor":
         inp, out = ones(n * world), empty(n)
-        raw = lambda: _SCATTER(out, inp)  # noqa: E731
+        raw = lambda: _SCATTER(out, inp, group=g)  # noqa: E731
         return raw, (lambda: dc.reduce_scatter_tensor(out, inp)), n * world * 4
     inp, out = ones(n * world), empty(n * world)
-    raw = lambda: tdist.all_to_all_single(out, inp)  # noqa: E731
+    raw = lambda: tdist.all_to_all_single(out, inp, group=g)  # noqa: E731
     return raw, (lambda: dc.all_to_all_single(out, inp)), n * world * 4
 
 
