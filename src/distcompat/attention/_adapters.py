@@ -15,8 +15,6 @@ A plan holds only Python constants and tensors, so ``torch.compile`` can take on
 from __future__ import annotations
 
 import contextlib
-import functools
-import types
 import warnings
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -31,6 +29,7 @@ from distcompat.attention._contract import (
     to_fa4_window,
     visible_mask,
 )
+from distcompat.attention._flex import block_mask_named, block_masks, flex_callable
 from distcompat.attention._kernels import (
     flex_takes_gqa,
     probe_kernel,
@@ -104,7 +103,7 @@ class Plan(NamedTuple):
     mask: torch.Tensor | None = None
     dead: torch.Tensor | None = None
     nan_rows: bool = False  # KV cache: the kernel gives NaN for a row that sees no key
-    blocks: str = ""  # flex: the name its window's BlockMask has in _block_masks
+    blocks: str = ""  # flex: the name its window's BlockMask has in _flex.block_masks
 
 
 def sdpa_strategy(sig: CallSignature) -> str:
@@ -185,7 +184,7 @@ def _flex_plan(sig: CallSignature, scale: float | None, bthd: bool) -> Plan:
     repeat = sig.hq // sig.hkv if sig.hq != sig.hkv and not gqa else 1
     windowed = (left, right) != (UNBOUNDED, UNBOUNDED)
     dead = _dead_rows(sig) if windowed and has_dead_rows(sig.tq, sig.tk, left, right) else None
-    blocks = _block_mask_named(sig) if windowed else ""
+    blocks = block_mask_named(sig, _device(sig)) if windowed else ""
     return Plan(
         impl="flex",
         bthd=bthd,
@@ -299,62 +298,9 @@ def _run_sdpa(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     return out if plan.dead is None else out.masked_fill(plan.dead, 0.0)
 
 
-def _flex_block_mask(tq: int, tk: int, window: Window, device: torch.device) -> Any:
-    """Build flex's block mask of a canonical window (in the graph when traced)."""
-    create_block_mask = probe_kernel("flex").functions["create_block_mask"]
-    left, right = window
-    offset = tk - tq
-
-    def mask_mod(b: Any, h: Any, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-        pos = i + offset  # bottom-right aligned position of query row i
-        seen = j >= 0
-        if left != UNBOUNDED:
-            seen = seen & (j >= pos - left)
-        if right != UNBOUNDED:
-            seen = seen & (j <= pos + right)
-        return seen
-
-    return create_block_mask(mask_mod, None, None, tq, tk, device=device)
-
-
-#: Each flex plan's block mask, an attribute named by (Tq, Tk, window, device), built with the
-#: plan (building one costs more than a small flex call). Attributes, not a dict: dynamo reads a
-#: dict once per trace, so an entry that a plan made later in the same trace would be missing;
-#: it reads each attribute when it is used, and a compiled graph takes it as an input.
-_block_masks = types.SimpleNamespace()
-
-#: Block masks kept at most (a few KiB each); when full they are dropped and rebuilt when next
-#: planned. A compiled graph that read a dropped one fails its guard and is traced again.
-MAX_BLOCK_MASKS = 64
-
-
-def _block_mask_named(sig: CallSignature) -> str:
-    # Eager, also for a traced call (plans are made eagerly): the graph reads the mask by name
-    # instead of rebuilding it on every step.
-    device = _device(sig)
-    left, right = sig.window
-    name = f"q{sig.tq}_k{sig.tk}_l{left}_r{right}_{device.type}{device.index or 0}"
-    name = name.replace("-", "m")  # -1: unbounded
-    if not hasattr(_block_masks, name):
-        if len(vars(_block_masks)) >= MAX_BLOCK_MASKS:
-            vars(_block_masks).clear()
-        setattr(_block_masks, name, _flex_block_mask(sig.tq, sig.tk, sig.window, device))
-    return name
-
-
-@functools.cache
-def _flex_callable(device_type: str) -> Callable[..., Any]:
-    flex = probe_kernel("flex").functions["flex_attention"]
-    if device_type in ("cuda", "xpu"):
-        # Static shapes: on a second query length torch 2.11 recompiled flex with a symbolic one,
-        # and inductor found no kernel for it (NoValidChoicesError; an H100, Tq 256 then 64).
-        return torch.compile(flex, dynamic=False)
-    return flex  # CPU/MPS: forward only, eager (compiling costs 40-90 s on first call)
-
-
 def _run_flex(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     k, v = repeat_kv(plan, k, v)
-    block_mask = getattr(_block_masks, plan.blocks) if plan.blocks else None
+    block_mask = getattr(block_masks, plan.blocks) if plan.blocks else None
     kwargs: dict[str, Any] = {"block_mask": block_mask, "scale": plan.scale}
     if plan.gqa:
         kwargs["enable_gqa"] = True
@@ -364,7 +310,7 @@ def _run_flex(plan: Plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
         with warnings.catch_warnings():
             # Eager flex on CPU warns that it is unfused; the decision's reason already says so.
             warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
-            out = _flex_callable(q.device.type)(q, k, v, **kwargs)
+            out = flex_callable(q.device.type)(q, k, v, **kwargs)
     return out if plan.dead is None else out.masked_fill(plan.dead, 0.0)
 
 
