@@ -76,12 +76,14 @@ def raw(rank: int, directory: str) -> None:
 
     @torch.compile(fullgraph=True, backend="eager")  # fullgraph: one graph or an error
     def doubled_sum(x: torch.Tensor) -> torch.Tensor:
-        return fc.all_reduce(x * 2, "sum", group) + 1
+        assert group is not None
+        out: torch.Tensor = fc.all_reduce(x * 2, "sum", group) + 1
+        return out
 
     got = doubled_sum(torch.full((3,), float(rank + 1)))
     print(f"rank {rank}: compiled {got.tolist()!r}", flush=True)
     state = {"w": torch.arange(12.0) * (1 + rank), "step": torch.tensor(7)}
-    dcp.save(state, checkpoint_id=directory)
+    dcp.save(state, checkpoint_id=directory)  # type: ignore[attr-defined]
     print(f"rank {rank}: saved", flush=True)
 
 
@@ -90,7 +92,7 @@ def load(rank: int, directory: str) -> None:
     import torch.distributed.checkpoint as dcp
 
     state = {"w": torch.zeros(12), "step": torch.tensor(0)}
-    dcp.load(state, checkpoint_id=directory)
+    dcp.load(state, checkpoint_id=directory)  # type: ignore[attr-defined]
     print(f"rank {rank}: loaded {state['w'].tolist()!r} {int(state['step'])}", flush=True)
 
 
@@ -99,7 +101,7 @@ def fsdp(rank: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
-    for layer in model:
+    for layer in model.children():
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(model)

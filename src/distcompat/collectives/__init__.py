@@ -23,7 +23,10 @@ What every function here guarantees, on gloo as on NCCL:
 On one machine (every rank of the group here), CPU tensors of ``all_reduce``, ``broadcast``,
 ``all_gather_into_tensor`` and the reduce-scatters go through shared memory instead of gloo
 (``DISTCOMPAT_SHM=auto|on|off``; :func:`shm_status` and :func:`explain_collective` say which
-path and why); :func:`allreduce_hook` brings DDP's gradient all-reduces there too.
+path and why). On gloo the default group ``init_distributed`` makes is a :class:`ProtectedGroup`:
+DDP's, FSDP2's and every library's collectives on it go through these functions too (and so
+through shared memory); :func:`allreduce_hook` does that for DDP on a group distcompat did not
+make.
 
 ``all_gather_single`` and ``reduce_scatter_single`` are the same functions as
 ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` (torch 2.13's newer names).
@@ -61,6 +64,7 @@ from distcompat.collectives._p2p import (
     recv,
     send,
 )
+from distcompat.collectives._protected import GroupWork, ProtectedGroup
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
 from distcompat.collectives._uneven import all_gather_uneven
@@ -78,10 +82,12 @@ __all__ = [
     "CollectivePlan",
     "CollectiveTimeoutError",
     "CompatWork",
+    "GroupWork",
     "NoPeerError",
     "NotInGroupError",
     "P2POp",
     "PeerLostError",
+    "ProtectedGroup",
     "SharedMemoryFallbackWarning",
     "ShmStatus",
     "UnsupportedCollectiveError",

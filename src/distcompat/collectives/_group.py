@@ -102,8 +102,9 @@ def backend_for(group: Any, device: torch.device) -> str:
     """
     key = group if group is not None else dist.group.WORLD
     known = _backends.get(key)
-    if known is None and hasattr(key, "protects"):  # a ProtectedGroup: the backend it holds
-        known = _backends[key] = {"*": key.protects}
+    protects = getattr(key, "protects", None)  # a ProtectedGroup: the backend it holds
+    if known is None and protects is not None:
+        known = _backends[key] = {"*": protects}
     if known is None:
         config = getattr(dist, "get_backend_config", None)
         text = str(config(group)) if config is not None else str(dist.get_backend(group))

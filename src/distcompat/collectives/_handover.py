@@ -61,7 +61,7 @@ class _Pending(BaseException):
 
     error: BaseException
 
-    def __new__(cls, *args: Any) -> Any:  # type: ignore[misc]  # the error, not a _Pending
+    def __new__(cls, *args: Any) -> Any:  # the error it stands for, not a _Pending
         return cls.error
 
 

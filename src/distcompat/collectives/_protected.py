@@ -69,7 +69,7 @@ def _op(opts: Any) -> Any:
     return _KINDS.get(chosen.op, chosen)  # PREMUL_SUM keeps its factor
 
 
-class GroupWork(dist.Work):  # type: ignore[misc]  # torch's Work is untyped
+class GroupWork(dist.Work):
     """The ``torch.distributed.Work`` a :class:`ProtectedGroup` hands its callers.
 
     It holds distcompat's :class:`CompatWork`: ``wait()`` is the watchdog's bounded wait and
@@ -142,11 +142,11 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
         outer = outer.f_back
     if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
         future = shielded(handle.get_future(), outputs, Caller.here(2))
-        return _c10d._create_work_from_future(future)
+        return _c10d._create_work_from_future(future)  # type: ignore[attr-defined]
     return GroupWork(handle, outputs)
 
 
-class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's ProcessGroup is untyped
+class ProtectedGroup(dist.ProcessGroup):
     """A process group whose every collective goes through distcompat; ``backend`` moves the bytes.
 
     Made by :func:`make_group` (the factory :func:`register` gives torch); its ``backend`` is
@@ -159,7 +159,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
     """
 
     def __init__(self, backend: Any, rank: int, size: int, name: str = "gloo") -> None:
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lacks this form
         self.backend = backend
         self.protects = name
         self._group_name = ""
@@ -172,12 +172,12 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
         self._group_name = name
 
     @property
-    def group_name(self) -> str:
+    def group_name(self) -> str:  # type: ignore[override]
         """The name torch registered the group under."""
         return self._group_name
 
     # Each method: straight to the backend inside a distcompat collective; else through one.
-    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         if _entry.inside() or len(tensors) != 1:
             return self.backend.allreduce(tensors, opts or dist.AllreduceOptions())
         return _handed(all_reduce(tensors[0], _op(opts), self, True), tensors)
@@ -187,33 +187,33 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
             return self.backend.allreduce_coalesced(tensors, opts)
         return _handed(all_reduce_coalesced(tensors, _op(opts), self, True), tensors)
 
-    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
         if _entry.inside() or len(tensors) != 1:
             return self.backend.broadcast(tensors, opts or dist.BroadcastOptions())
         root = opts.rootRank
         return _handed(broadcast(tensors[0], group=self, async_op=True, group_src=root), tensors)
 
-    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> Any:  # type: ignore[override]
         if _entry.inside() or len(tensors) != 1:
             return self.backend.reduce(tensors, opts)
         root = opts.rootRank
         return _handed(reduce(tensors[0], None, _op(opts), self, True, group_dst=root), tensors)
 
-    def allgather(
+    def allgather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(inputs) != 1:
-            return self.backend.allgather(outputs, inputs, opts or dist.AllgatherOptions())
+            return self.backend.allgather(outputs, inputs, opts or _c10d.AllgatherOptions())
         return _handed(all_gather(outputs[0], inputs[0], self, True), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if _entry.inside():
-            return self.backend._allgather_base(output, input, opts or dist.AllgatherOptions())
+            return self.backend._allgather_base(output, input, opts or _c10d.AllgatherOptions())
         return _handed(all_gather_into_tensor(output, input, self, True), [output])
 
     _allgather_base = all_gather_single
 
-    def gather(
+    def gather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> Any:
         if _entry.inside() or len(inputs) != 1:
@@ -223,7 +223,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
             gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank), outputs
         )
 
-    def scatter(
+    def scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any
     ) -> Any:
         if _entry.inside() or len(outputs) != 1:
@@ -233,7 +233,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
             scatter(outputs[0], listed, None, self, True, group_src=opts.rootRank), outputs
         )
 
-    def reduce_scatter(
+    def reduce_scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(outputs) != 1:
@@ -248,7 +248,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
             return self.backend._reduce_scatter_base(output, input, options)
         return _handed(reduce_scatter_tensor(output, input, _op(opts), self, True), [output])
 
-    _reduce_scatter_base = reduce_scatter_single
+    _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
 
     def all_to_all_single(
         self,
@@ -264,7 +264,7 @@ class ProtectedGroup(dist.ProcessGroup):  # type: ignore[misc]  # torch's Proces
         outs, ins = output_splits or None, input_splits or None
         return _handed(all_to_all_single(output, input, outs, ins, self, True), [output])
 
-    alltoall_base = all_to_all_single
+    alltoall_base = all_to_all_single  # type: ignore[assignment]
 
     def alltoall(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None

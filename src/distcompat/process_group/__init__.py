@@ -7,9 +7,9 @@ The two lines a training script writes::
 
 ``_lifecycle`` holds init/destroy (and wires in identity publishing, launch pitfalls and the
 watchdog), ``_create`` makes or adopts the group, ``_torch_api`` is torch's
-``init_process_group`` / ``destroy_process_group`` doing the same, ``_barrier`` is the barrier a script writes (a
-distcompat collective); the rank queries re-exported here live in ``distcompat._ranks``, below
-the collectives, so that every layer can ask for a rank.
+``init_process_group`` / ``destroy_process_group`` doing the same, ``_barrier`` is the barrier
+a script writes (a distcompat collective); the rank queries re-exported here live in
+``distcompat._ranks``, below the collectives, so that every layer can ask for a rank.
 """
 
 from distcompat._ranks import (
