@@ -58,12 +58,13 @@ def add_bench_parser(commands: Any) -> argparse.ArgumentParser:
         "bench",
         help="measure your group's collectives like nccl-tests: latency, algbw, busbw",
         description=(
-            "Time all_reduce, all_gather_into_tensor, reduce_scatter_tensor, broadcast and "
-            "all_to_all_single over a geometric range of sizes on the group init_distributed() "
-            "makes under your launcher (torchrun, srun, mpirun, ...), or on --nproc local ranks "
-            "started here when no launcher started it. The calls go through distcompat's "
-            "collectives, the path your code takes. Rank 0 prints p50/p95 latency, algbw and "
-            "busbw (nccl-tests' factors). Exit code 0, 1 when a rank fails, 2 for a usage error."
+            "Time all_reduce, all_gather_into_tensor, all_gather_uneven, reduce_scatter_tensor, "
+            "broadcast and all_to_all_single over a geometric range of sizes on the group "
+            "init_distributed() makes under your launcher (torchrun, srun, mpirun, ...), or on "
+            "--nproc local ranks started here when no launcher started it. The calls go through "
+            "distcompat's collectives, the path your code takes. Rank 0 prints p50/p95 latency, "
+            "algbw and busbw (nccl-tests' factors). Exit code 0, 1 when a rank fails, 2 for a "
+            "usage error."
         ),
     )
     add = parser.add_argument

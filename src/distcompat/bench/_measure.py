@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat import collectives
-from distcompat._ranks import get_world_size
+from distcompat._ranks import get_rank, get_world_size
 from distcompat.bench._stats import OPS, BenchRow
 from distcompat.collectives.shm import _path as shm_path
 from distcompat.process_group import barrier
@@ -76,6 +76,11 @@ def _call(
     if op == "all_gather_into_tensor":
         piece, whole = zeros(per_rank), zeros(total)
         return (lambda: collectives.all_gather_into_tensor(whole, piece)), total * item, total
+    if op == "all_gather_uneven":  # the same output, but rank 0 sends half, the last 1.5x
+        rows = [per_rank] * world
+        rows[0], rows[-1] = per_rank - per_rank // 2, per_rank + per_rank // 2
+        mine = zeros(rows[get_rank()] if world > 1 else per_rank)
+        return (lambda: collectives.all_gather_uneven(mine)), total * item, total
     if op == "reduce_scatter_tensor":
         whole, piece = zeros(total), zeros(per_rank)
         return (lambda: collectives.reduce_scatter_tensor(piece, whole)), total * item, total

@@ -29,8 +29,8 @@ __all__ = [
 
 #: The collectives measured, in the order of the table.
 OPS = (
-    "all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "broadcast",
-    "all_to_all_single",
+    "all_reduce", "all_gather_into_tensor", "all_gather_uneven", "reduce_scatter_tensor",
+    "broadcast", "all_to_all_single",
 )  # fmt: skip
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
@@ -49,7 +49,8 @@ def bus_factor(op: str, world_size: int) -> float:
     n = world_size
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single"):
+    if op in ("all_gather_into_tensor", "all_gather_uneven", "reduce_scatter_tensor",
+              "all_to_all_single"):  # fmt: skip
         return (n - 1) / n
     if op == "broadcast":
         return 1.0

@@ -1,8 +1,9 @@
-"""All-gathers whose ranks send different row counts: pad to the longest, gather, cut out.
+"""All-gathers whose ranks send different row counts: straight through shared memory, or padded.
 
-gloo gathers only tensors of one shape, so each rank pads its tensor with zeros to the longest
-rank's rows, the padded tensors travel as one flat all-gather (through shared memory where every
-rank is on this machine, else the backend: gloo, NCCL), and each rank's rows are cut back out.
+Where every rank is on this machine, each rank's rows go through shared memory straight into
+that rank's tensor. Elsewhere (gloo gathers only tensors of one shape) each rank pads its tensor
+with zeros to the longest rank's rows, the padded tensors travel as one flat all-gather of the
+backend (gloo, NCCL), and each rank's rows are cut back out.
 The mismatch check compares every rank's row counts and names the rank whose count disagrees::
 
     out = [torch.empty(n, 2) for n in (3, 4)]           # rank 0 sends 3 rows, rank 1 sends 4
@@ -22,7 +23,7 @@ from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
-from distcompat.collectives._wire import stage_input, stage_output
+from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
@@ -57,12 +58,25 @@ def all_gather_rows(
         )
     rows = [out.shape[0] for out in tensor_list]
     verify("all_gather", tensor, group, row_counts=rows)
-    most = max(rows)
+    most, result = max(rows), tensor_list if result is None else result
     if most == 0:
-        return done_if_async(tensor_list if result is None else result, async_op)
+        return done_if_async(result, async_op)
+    padded = tensor.new_zeros(()).expand(len(rows) * most, *trail)  # what the gather moves
+    engine = shm.engine_for(group, "all_gather_into_tensor", padded)  # the same on every rank
+    if engine is not None:  # every rank on this machine: rank r's rows straight into its tensor
+        staged = [stage_output(out, reduce=False) for out in tensor_list]
+        wires, mine = [wire.reshape(-1) for wire, _ in staged], stage_input(tensor, reduce=False)
+        return issue(
+            "all_gather",
+            lambda a: engine.run("all_gather", engine.all_gather_rows(wires, mine.reshape(-1)), a),
+            group,
+            result,
+            chain(*(finish for _, finish in staged)),
+            async_op,
+        )
     padding = tensor.new_zeros((most - rows[me], *trail))
     source = tensor if rows[me] == most else torch.cat([tensor, padding])
-    gathered = tensor.new_empty((len(rows) * most, *trail))  # rank r's at r * most
+    gathered = tensor.new_empty(padded.shape)  # rank r's rows at r * most
     wire, copy_back = stage_output(gathered, reduce=False)
     flat_in, flat_out = stage_input(source, reduce=False).reshape(-1), wire.view(-1)
 
@@ -71,21 +85,11 @@ def all_gather_rows(
         for r, out in enumerate(tensor_list):
             out.copy_(gathered[r * most : r * most + rows[r]])
 
-    engine = shm.engine_for(group, "all_gather_into_tensor", flat_out)
-    if engine is not None:  # every rank on this machine: through shared memory
-        return issue(
-            "all_gather",
-            lambda a: engine.run("all_gather", engine.all_gather(flat_out, flat_in), a),
-            group,
-            tensor_list if result is None else result,
-            trim,
-            async_op,
-        )
     return issue(
         "all_gather",
         lambda a: all_gather_flat(flat_out, flat_in, group=group, async_op=a),
         group,
-        tensor_list if result is None else result,
+        result,
         trim,
         async_op,
     )
@@ -132,9 +136,14 @@ def all_gather_uneven(
     mine = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
     counts = mine.new_empty(world)
     verify("all_gather_into_tensor", mine, group)
+    engine = shm.engine_for(group, "all_gather_into_tensor", counts)  # None: the backend
     issue(
         "all_gather_into_tensor",
-        lambda a: all_gather_flat(counts, mine, group=group, async_op=a),
+        lambda a: (
+            all_gather_flat(counts, mine, group=group, async_op=a)
+            if engine is None
+            else engine.run("all_gather_into_tensor", engine.all_gather(counts, mine), a)
+        ),
         group,
         [counts],
         None,

@@ -1,4 +1,4 @@
-"""The shared-memory ops of one group, as steps: all_reduce, broadcast, all_gather, reduce_scatter.
+"""The shared-memory ops of one group, as steps: all_reduce, broadcast, all-gathers, reduce_scatter.
 
 Each op moves a tensor through the segment in chunks of at most one slot per rank, alternating
 between the segment's two buffers (the details are in ``_engine``'s module docstring). An op is a
@@ -173,6 +173,28 @@ class Ops:
             yield
             for rank in range(world):
                 _move(target + rank * size + start, seg.address(buffer, rank), count)
+
+    def all_gather_rows(self, outs: list[torch.Tensor], flat: torch.Tensor) -> Call:
+        """Return the op (see ``_all_gather_rows``)."""
+        sizes = [out.numel() * out.element_size() for out in outs]
+        return Call(signature("all_gather_rows", *sizes), self._all_gather_rows(outs, flat, sizes))
+
+    def _all_gather_rows(
+        self, outs: list[torch.Tensor], flat: torch.Tensor, sizes: list[int]
+    ) -> Steps:
+        """Gather rank r's ``flat`` (``sizes[r]`` bytes: they may differ) into ``outs[r]``."""
+        seg, me = self.segment, self.rank
+        source, targets = flat.data_ptr(), [out.data_ptr() for out in outs]
+        for start in range(0, max(sizes), seg.slot_bytes):
+            buffer = self._next_buffer()
+            _move(seg.address(buffer, me), source + start, min(seg.slot_bytes, sizes[me] - start))
+            yield
+            for rank, size in enumerate(sizes):
+                _move(
+                    targets[rank] + start,
+                    seg.address(buffer, rank),
+                    min(seg.slot_bytes, size - start),
+                )
 
     def reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Call:
         """Return the op (see ``_reduce_scatter``)."""
