@@ -28,7 +28,7 @@ N = 1001
 
 @dataclasses.dataclass(frozen=True)
 class Eval:
-    kind: str  # "pad", "strided", "drop" (ShardedSampler), "torch", "torch-drop", "none"
+    kind: str  # "pad", "strided", "drop", "resumed" (ShardedSampler), "torch", "torch-drop", "none"
     n: int = N
     seed: int = 0
     shuffle: bool = True
@@ -48,6 +48,14 @@ def _sampler(case: Eval, world: int, rank: int) -> Any:
         )
     if case.kind == "none":
         return None
+    if case.kind == "resumed":  # a third of the epoch done on one rank, the rest here, padded
+        first = ShardedSampler(data, 1, 0, shuffle=case.shuffle, seed=case.seed)
+        done = iter(first)
+        for _ in range(case.n // 3):
+            next(done)
+        resumed = ShardedSampler(data, world, rank, shuffle=case.shuffle, seed=case.seed)
+        resumed.load_state_dict(first.state_dict())
+        return resumed
     return ShardedSampler(data, world, rank, shuffle=case.shuffle, seed=case.seed, mode=case.kind)  # type: ignore[arg-type]
 
 
@@ -55,7 +63,10 @@ def _order(case: Eval, world: int) -> list[int]:
     """What one process walking the same sampler's epoch sees (the samples of this pass)."""
     if case.kind == "none":
         return [i for r in range(world) for i in range(r, case.n, world)]  # rank order
-    whole = list(_sampler(dataclasses.replace(case, kind=case.kind.replace("drop", "pad")), 1, 0))
+    alone = case.kind.replace("drop", "pad").replace("resumed", "pad")
+    whole = list(_sampler(dataclasses.replace(case, kind=alone), 1, 0))
+    if case.kind == "resumed":
+        return whole[case.n // 3 :]
     if case.kind in ("drop", "torch-drop"):
         return whole[: case.n // world * world]
     return whole
@@ -105,7 +116,7 @@ def _evaluate(cases: list[Eval], asynchronous: bool) -> list[str]:
     return problems
 
 
-ALL_KINDS = ["pad", "strided", "drop", "torch", "torch-drop", "none"]
+ALL_KINDS = ["pad", "strided", "drop", "resumed", "torch", "torch-drop", "none"]
 
 
 def _misfits() -> list[str]:
