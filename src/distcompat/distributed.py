@@ -29,7 +29,6 @@ from torch.distributed import (
     group,
     is_available,
     is_initialized,
-    monitored_barrier,
     new_group,
 )
 
@@ -74,7 +73,7 @@ from distcompat.collectives import (
     scatter_object_list,
     send,
 )
-from distcompat.process_group import destroy_process_group, init_process_group
+from distcompat.process_group import destroy_process_group, init_process_group, monitored_barrier
 
 # The rest of torch.distributed is re-exported by the star import above.
 __all__ = [

@@ -26,7 +26,11 @@ from distcompat.process_group._lifecycle import (
     distributed_session,
     init_distributed,
 )
-from distcompat.process_group._torch_api import destroy_process_group, init_process_group
+from distcompat.process_group._torch_api import (
+    destroy_process_group,
+    init_process_group,
+    monitored_barrier,
+)
 
 __all__ = [
     "DistInfo",
@@ -41,4 +45,5 @@ __all__ = [
     "init_distributed",
     "init_process_group",
     "is_main_process",
+    "monitored_barrier",
 ]

@@ -31,7 +31,7 @@ from distcompat.launch._settings import choose_protection
 from distcompat.process_group._create import _protected_backend
 from distcompat.process_group._lifecycle import _initialize, _normalize, destroy_distributed
 
-__all__ = ["destroy_process_group", "init_process_group"]
+__all__ = ["destroy_process_group", "init_process_group", "monitored_barrier"]
 
 #: Backends whose groups carry CPU tensors, and the run device each means.
 _DEVICES = {"gloo": "cpu", "nccl": "cuda", "xccl": "xpu"}
@@ -108,3 +108,27 @@ def destroy_process_group(group: Any | None = None) -> None:
         if not dist.is_initialized():
             return
     dist.destroy_process_group(group)
+
+
+def monitored_barrier(
+    group: Any | None = None, timeout: timedelta | None = None, wait_all_ranks: bool = False
+) -> None:
+    """Run torch's ``monitored_barrier``, also on the protected group.
+
+    torch's refuses every backend it does not name ``gloo``; the protected group's gloo backend
+    runs it here.
+
+    Example:
+        >>> monitored_barrier()   # no group here: nothing to wait for
+    """
+    target = group if group is not None else dist.group.WORLD
+    if target is None:
+        return
+    if not hasattr(target, "protects"):
+        dist.monitored_barrier(group, timeout, wait_all_ranks=wait_all_ranks)
+        return
+    # Imported with a group, not with this module (as in _create: the collectives face).
+    from distcompat.collectives._group import group_timeout_s
+
+    waited = timeout if timeout is not None else timedelta(seconds=group_timeout_s(target))
+    target.monitored_barrier(waited, wait_all_ranks=wait_all_ranks)
