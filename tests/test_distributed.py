@@ -67,7 +67,8 @@ def test_drop_in_reexports_torch_distributed() -> None:
     import torch.distributed as torch_dist
 
     assert dist.ReduceOp is torch_dist.ReduceOp
-    assert dist.init_process_group is torch_dist.init_process_group
+    assert dist.init_process_group.__module__ == "distcompat.process_group._torch_api"
+    assert dist.destroy_process_group.__module__ == "distcompat.process_group._torch_api"
     assert dist.new_group is torch_dist.new_group
     assert dist._make_nccl_premul_sum is torch_dist._make_nccl_premul_sum  # via __getattr__
     assert dist.all_reduce.__module__ == "distcompat.collectives._reductions"
