@@ -119,11 +119,12 @@ def _fast_path_records() -> dict[str, Any]:
     import torch.distributed as tdist
 
     import distcompat.collectives as dc
-    from distcompat.collectives import _checked
+    from distcompat.collectives import _checked, _probed
     from distcompat.collectives.shm import _path as shm
 
     os.environ["DISTCOMPAT_SHM"] = "off"  # tiny gathers would take shared memory under auto
     shm.reset()
+    _probed.forget(None)  # a probe an earlier test ran on this pool's group sends calls aside
     watcher = _checked.watch
     assert watcher is not None, "run_on_ranks starts the default watchdog"
     recorder = watcher._recorder

@@ -32,6 +32,12 @@ from distcompat.runtime import (
 from distcompat.testing import run_on_ranks
 
 
+def _moved_by() -> str:
+    """The backend the default group moves bytes with: the protected group names the one it holds
+    (``dist.get_backend()`` says ``"distcompat"`` for it)."""
+    return getattr(dist.group.WORLD, "protects", None) or str(dist.get_backend())
+
+
 def _compute_init_round_trip() -> dict[str, Any]:
     distcompat.destroy_distributed()  # drop the harness's group: compute_init makes its own
     ddp, rank, local_rank, world_size, device = compute_init("cpu", seed=None)
@@ -43,7 +49,7 @@ def _compute_init_round_trip() -> dict[str, Any]:
     result = {
         "unpacked": (ddp, rank, local_rank, world_size, str(device)),
         "dist_info": tuple(get_dist_info()),
-        "backend": str(dist.get_backend()),
+        "backend": _moved_by(),
         "total": total.item(),
         "printed": printed.getvalue(),
     }
@@ -71,7 +77,7 @@ def _cpu_run_on_claimed_cuda_host() -> tuple[str, str, str, str, str]:
     with mock.patch("torch.cuda.is_available", return_value=True), override_host(host):
         detected = autodetect_device_type()
         init = compute_init("cpu", seed=None)
-        backend = str(dist.get_backend())
+        backend = _moved_by()
         choice = compute_dtype(init.device)
     compute_cleanup()
     return detected, backend, str(init.device), str(choice.dtype), choice.reason
@@ -94,7 +100,7 @@ def _run_on_this_gpu_host(device_type: str) -> dict[str, Any]:
     q = torch.randn(1, 2, 16, 16, device=init.device, dtype=choice.dtype)
     got = {
         "detected": autodetect_device_type(),
-        "backend": str(dist.get_backend()),
+        "backend": _moved_by(),
         "device": str(init.device),
         "dtype": str(choice.dtype),
         "kernel": explain_attention(q, q, q, causal=True).impl,

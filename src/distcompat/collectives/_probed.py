@@ -53,7 +53,9 @@ def remember(group: Any, probed: ProbedCells) -> None:
 
 def forget(group: Any) -> None:
     """Go back to the plans that are correct on every backend for ``group``."""
+    global _any
     _probed.pop(group if group is not None else dist.group.WORLD, None)
+    _any = bool(_probed)  # none left: the fast paths need not look
 
 
 def probed_for(group: Any) -> ProbedCells | None:

@@ -136,14 +136,26 @@ def work_ready(work: Any) -> Callable[[float], bool]:
     """Return a ``ready(slice_s)`` for :func:`until` that waits on a backend ``Work``.
 
     A wait that ends before its slice is over with an error is the op failing (a peer died):
-    that error is raised; a slice that runs out is not done yet.
+    that error is raised; a slice that runs out is not done yet. A Work with no timed wait
+    (torch's Work over a future, which the protected group hands Join for DDP's reducer) is
+    looked at instead, and waited on once it is complete.
     """
+    untimed = False
 
     def ready(slice_s: float) -> bool:
+        nonlocal untimed
         begun = time.monotonic()
         try:
-            work.wait(timedelta(seconds=slice_s))
-        except RuntimeError:
+            if untimed:
+                if not polled(work.is_completed)(slice_s):
+                    return False
+                work.wait()  # complete: returns, or raises the op's error
+            else:
+                work.wait(timedelta(seconds=slice_s))
+        except RuntimeError as exc:
+            if not untimed and "with finite timeout not implemented" in str(exc):
+                untimed = True
+                return ready(max(slice_s - (time.monotonic() - begun), 0.0))
             if time.monotonic() - begun < slice_s * 0.99:
                 raise
             return False
