@@ -41,13 +41,7 @@ from distcompat.collectives._ddp_hook import allreduce_hook
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._explain import CollectivePlan, explain_collective
 from distcompat.collectives._group import NotInGroupError
-from distcompat.collectives._movement import (
-    all_gather,
-    all_gather_into_tensor,
-    broadcast,
-    gather,
-    scatter,
-)
+from distcompat.collectives._movement import all_gather, all_gather_into_tensor, broadcast
 from distcompat.collectives._objects import (
     all_gather_object,
     broadcast_object_list,
@@ -67,6 +61,7 @@ from distcompat.collectives._p2p import (
 from distcompat.collectives._protected import GroupWork, ProtectedGroup
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
+from distcompat.collectives._rooted import gather, scatter
 from distcompat.collectives._uneven import all_gather_uneven
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork

@@ -38,16 +38,11 @@ from distcompat.collectives import _entry
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._coalesced import all_reduce_coalesced
 from distcompat.collectives._handover import Caller, shielded
-from distcompat.collectives._movement import (
-    all_gather,
-    all_gather_into_tensor,
-    broadcast,
-    gather,
-    scatter,
-)
+from distcompat.collectives._movement import all_gather, all_gather_into_tensor, broadcast
 from distcompat.collectives._p2p import barrier, irecv, isend
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
+from distcompat.collectives._rooted import gather, scatter
 from distcompat.collectives._work import CompatWork
 
 __all__ = ["BACKEND", "GroupWork", "ProtectedGroup", "make_group", "register"]

@@ -121,7 +121,7 @@ def monitored_barrier(
     Example:
         >>> monitored_barrier()   # no group here: nothing to wait for
     """
-    target = group if group is not None else dist.group.WORLD
+    target: Any = group if group is not None else dist.group.WORLD
     if target is None:
         return
     if not hasattr(target, "protects"):
