@@ -129,7 +129,10 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
     native one over a future that never fails (see :class:`GroupWork`).
     """
     assert handle is not None, "an async distcompat collective returns a handle"
-    caller = sys._getframe(2)
+    try:
+        caller = sys._getframe(2)
+    except ValueError:  # a thread with no Python frame to raise in: the error stays in the future
+        return GroupWork(handle, outputs)
     if caller.f_code.co_filename != _PYTHON_CALLER:
         return GroupWork(handle, outputs, Caller.here(2))
     outer = caller.f_back
