@@ -101,12 +101,10 @@ def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_trains_to_plain_gloos_losses(world: int) -> None:
-    """FSDP2 through the protected group gives plain gloo's losses, within 1e-6 relative.
-
-    Not bitwise: the protected group reduce-scatters through shared memory (or an all-to-all and
-    a local sum) where gloo's reduce_scatter adds in its own order; float32 sums of ``world``
-    terms then differ in the last bits.
-    """
+    """FSDP2 through the protected group gives plain gloo's losses: bitwise at 2 ranks (a sum of
+    two terms is the same in either order), within 1e-6 relative at 3, where the protected
+    group's reduce-scatter (shared memory, or an all-to-all and a local sum) may add in another
+    order than gloo's (measured: bitwise here too, on torch 2.13)."""
     protected = run_ranks(SCRIPT, world, args=("fsdp",), timeout=120)
     plain = run_ranks(
         SCRIPT, world, args=("fsdp",), env={"DISTCOMPAT_PROTECT_GROUP": "off"}, timeout=120
@@ -116,7 +114,7 @@ def test_fsdp2_trains_to_plain_gloos_losses(world: int) -> None:
     for rank in range(world):
         got = ast.literal_eval(_said(protected, rank, "fsdp losses"))
         want = ast.literal_eval(_said(plain, rank, "fsdp losses"))
-        assert got == pytest.approx(want, rel=1e-6)
+        assert got == (want if world == 2 else pytest.approx(want, rel=1e-6))
 
 
 def test_a_stall_between_fsdp2_steps_is_named() -> None:
