@@ -127,7 +127,7 @@ def rebuild_call(text: str, group: Any) -> Callable[[], Any] | None:
     Example:
         >>> rebuild_call("all_reduce, dtype=torch.complex64, shape=[2], reduce_op=SUM", None)
     """
-    fields = dict(part.split("=", 1) for part in text.split(", ")[1:] if "=" in part)
+    fields = dict(re.findall(r"(\w+)=(\[[^\]]*\]|[^,]*)", text))  # a shape keeps its commas
     op = text.split(", ", 1)[0]
     if op == "barrier":
         return lambda: dist.barrier(group=group)
