@@ -69,11 +69,11 @@ def test_a_rebuilt_call_keeps_every_dimension_of_the_shape(monkeypatch: pytest.M
     """The call a rank makes to join a peer's pending one after a mismatch has the peer's shape,
     all of it (a 2-d shape was read as its first dimension). Mocked: no process group, no shared
     memory, the backend call replaced by one that notes the tensor's shape."""
-    from distcompat.collectives.agree import _posts
     from distcompat.collectives.agree._posts import rebuild_call
+    from distcompat.collectives.shm import _path as shm
 
     seen: list[torch.Size] = []
-    monkeypatch.setattr(_posts.shm, "engine_for", lambda *_: None)  # no shared memory here
+    monkeypatch.setattr(shm, "engine_for", lambda *_: None)  # no shared memory here
     monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, **_: seen.append(t.shape))
     call = rebuild_call("all_reduce, dtype=torch.float32, shape=[4, 5], reduce_op=SUM", None)
     assert call is not None
