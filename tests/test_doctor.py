@@ -125,3 +125,14 @@ def test_pitfalls_are_listed_and_do_not_fail_the_report() -> None:
     assert any("--run-path" in p for p in report.pitfalls)
     assert json.loads(report.to_json())["pitfalls"] == list(report.pitfalls)
     assert "PITFALL:" in report.to_text()
+
+
+def test_the_group_line_says_whether_the_group_is_protected() -> None:
+    """Env parsing only (a dict, no launcher): protected on gloo by default, torch's own with
+    DISTCOMPAT_PROTECT_GROUP=off, and a malformed value is a PROBLEM naming the variable."""
+    assert collect_report(device="cpu", environ=TORCHRUN_ENV).group_reason.startswith("protected")
+    off = collect_report(device="cpu", environ=TORCHRUN_ENV | {"DISTCOMPAT_PROTECT_GROUP": "off"})
+    assert off.group_reason.startswith("torch's own gloo group")
+    bad = collect_report(device="cpu", environ=TORCHRUN_ENV | {"DISTCOMPAT_PROTECT_GROUP": "x"})
+    assert not bad.ok
+    assert any("DISTCOMPAT_PROTECT_GROUP='x'" in problem for problem in bad.problems)

@@ -23,7 +23,11 @@ from distcompat.launch._placement import (
     resolve_device,
 )
 from distcompat.launch._rules import LaunchEnvError as SettingError
-from distcompat.launch._settings import choose_mismatch_check, choose_watchdog
+from distcompat.launch._settings import (
+    choose_mismatch_check,
+    choose_protection,
+    choose_watchdog,
+)
 
 __all__ = ["DoctorReport", "collect_report"]
 
@@ -44,6 +48,7 @@ class DoctorReport:
     watchdog_reason: str = ""
     mismatch_reason: str = ""
     shm_reason: str = ""
+    group_reason: str = ""
 
     @property
     def ok(self) -> bool:
@@ -68,6 +73,7 @@ class DoctorReport:
             f"watchdog: {self.watchdog_reason}",
             f"mismatch check: {self.mismatch_reason}",
             f"shared memory: {self.shm_reason}",
+            f"group: {self.group_reason}",
             f"torch {self.host.torch_version}; collective backends built in: "
             f"{', '.join(sorted(self.host.backends)) or 'none'}; devices: "
             f"cuda={self.host.cuda_device_count} xpu={self.host.xpu_device_count} "
@@ -100,6 +106,7 @@ class DoctorReport:
                 "watchdog_reason": self.watchdog_reason,
                 "mismatch_reason": self.mismatch_reason,
                 "shm_reason": self.shm_reason,
+                "group_reason": self.group_reason,
                 "torch_version": self.host.torch_version,
                 "backends": sorted(self.host.backends),
                 "cuda_device_count": self.host.cuda_device_count,
@@ -171,10 +178,16 @@ def collect_report(
     except SettingError as exc:
         problems.append(str(exc))
         shm = f"failed: {exc}"
+    try:
+        group = choose_protection(backend_name or "gloo", environ).reason
+    except SettingError as exc:
+        problems.append(str(exc))
+        group = f"failed: {exc}"
     if env is not None and not env.is_distributed:
         watch = f"none needed: single process ({watch.split(':')[0]} if it were launched)"
         mismatch = f"none needed: single process ({mismatch.split(':')[0]} if it were launched)"
         shm = f"none needed: single process ({shm.split(':')[0]} if it were launched)"
+        group = f"none needed: single process ({group.split(':')[0]} if it were launched)"
     return DoctorReport(
         env=env,
         host=host,
@@ -188,4 +201,5 @@ def collect_report(
         watchdog_reason=watch,
         mismatch_reason=mismatch,
         shm_reason=shm,
+        group_reason=group,
     )
