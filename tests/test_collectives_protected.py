@@ -69,15 +69,17 @@ def test_a_group_torch_made_is_adopted_with_its_store() -> None:
 
 
 @SHM
-def test_a_killed_ddp_peer_is_a_peer_lost_error_out_of_backward(shm: str) -> None:
-    """rank 1 is SIGKILLed between DDP steps: rank 0's ``backward()`` raises PeerLostError
-    naming it (torch 2.13's reducer would crash on the failed future: see _handover)."""
+def test_a_killed_ddp_peer_is_named_as_lost_not_a_crash(shm: str) -> None:
+    """rank 1 is SIGKILLed between DDP steps: rank 0 ends with an error naming PeerLostError and
+    rank 1, promptly, never with SIGSEGV (torch 2.13's reducer crashes on a future that failed in
+    Python: see _handover). The error is raised in rank 0's thread once backward()'s C++ call
+    returns; where torch's C++ meets it first it comes out as a RuntimeError holding its text,
+    so the test asserts what the output says, not the type."""
     ranks = run_ranks(SCRIPT, 2, args=("ddp-kill",), env={"DISTCOMPAT_SHM": shm}, timeout=90)
     assert ranks[1].returncode == -9
     assert ranks[0].returncode not in (0, None, -11), ranks[0].stderr[-3000:]
-    kind, _, message = _said(ranks, 0, "raised").partition(": ")
-    assert kind == "PeerLostError"
-    assert "rank 1" in message
+    said = ranks[0].stdout + ranks[0].stderr
+    assert re.search(r"PeerLostError: all_reduce: a peer process went away \(rank 1\)", said)
 
 
 def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None:

@@ -4,15 +4,17 @@ torch 2.13's DDP reducer crashes the process (SIGSEGV) when the future of a buck
 failed with an error set from Python, as every error of a Python process group is. So the
 protected group hands a C++ caller a future that never fails (:func:`shielded`): on failure it
 completes with the op's outputs, the C++ call (``loss.backward()``) finishes, and the op's typed
-error (:class:`~distcompat.PeerLostError` naming the rank) is raised in the caller's thread at
-its first Python line after that call::
+error (:class:`~distcompat.PeerLostError` naming the rank) is raised in the caller's thread
+once that call has returned::
 
     caller = Caller.here(depth=2)          # in the group's method: who called it, from where
     future = shielded(handle.get_future(), outputs, caller)
 
-The error is raised with ``PyThreadState_SetAsyncExc`` once a watcher thread sees the caller's
-frame past the call (Python that C++ runs meanwhile, such as torch extracting a future's
-tensors, is inside it and is left alone).
+The error is raised with ``PyThreadState_SetAsyncExc`` once a watcher thread sees that the
+frame the C++ call was made from has returned (``_engine_run_backward`` for DDP): Python that
+C++ runs meanwhile (callbacks, torch extracting a future's tensors) is left alone, since C++
+would turn the error into a RuntimeError with its text or drop it. It lands within a few
+bytecodes of ``loss.backward()`` returning, in the thread that called it.
 """
 
 from __future__ import annotations
@@ -31,29 +33,33 @@ __all__ = ["Caller", "shielded"]
 
 #: How long the watcher follows a caller still inside its C++ call before raising anyway (s).
 _FOLLOW_S = 600.0
-_POLL_S = 0.001
+_POLL_S = 0.0005
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """The thread that called into C++, and the Python frame and instruction it called from."""
+    """The thread that called into C++, and the Python frame it called from."""
 
     thread: int
     frame: FrameType | None
-    lasti: int
 
     @classmethod
     def here(cls, depth: int) -> Caller:
         """Describe this thread's caller ``depth`` frames up (the frame C++ was entered from)."""
         frame = sys._getframe(depth + 1)
-        return cls(threading.get_ident(), frame, frame.f_lasti)
+        return cls(threading.get_ident(), frame)
 
     def inside_call(self) -> bool:
-        """Whether the thread is still inside the C++ call made from :attr:`frame`."""
+        """Whether :attr:`frame` is still on the thread's stack.
+
+        The C++ call made from it, and any Python that C++ runs meanwhile (callbacks, torch
+        extracting a future's tensors), is no place to raise: C++ would turn the error into its
+        text or drop it.
+        """
         top = sys._current_frames().get(self.thread)
         while top is not None and top is not self.frame:
             top = top.f_back
-        return top is not None and top.f_lasti == self.lasti
+        return top is not None
 
 
 class _Pending(BaseException):
@@ -85,7 +91,8 @@ def shielded(
 ) -> torch.futures.Future[Any]:
     """Return a future with ``future``'s value that never fails; an error goes to ``caller``.
 
-    An op that already failed raises here, into the caller's C++ call (that path is safe).
+    An op that already failed is handled the same way: raised here, inside the C++ call, its
+    type would be lost (C++ passes it on as a RuntimeError with its text).
 
     Example:
         >>> done = torch.futures.Future()
@@ -93,8 +100,6 @@ def shielded(
         >>> shielded(done, None, Caller.here(0)).value()
         [tensor([1.])]
     """
-    if future.done():
-        future.value()  # raises a failed op's error here
     out: torch.futures.Future[Any] = torch.futures.Future()
 
     def settle(done: torch.futures.Future[Any]) -> None:

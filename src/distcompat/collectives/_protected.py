@@ -73,7 +73,7 @@ class GroupWork(dist.Work):
 
     A caller in C++ (``caller``; DDP's reducer) gets a future that never fails, and a failed
     op's typed error is raised in its thread once its C++ call is back in Python
-    (``loss.backward()`` raises the :class:`PeerLostError`): see ``_handover``.
+    (after ``loss.backward()`` returns, the :class:`PeerLostError`): see ``_handover``.
 
     Example:
         >>> work = GroupWork(CompatWork.completed([torch.ones(1)]), [torch.ones(1)])
