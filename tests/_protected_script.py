@@ -27,12 +27,12 @@ def _mlp() -> torch.nn.Module:
 
 
 def ddp(rank: int, stall: bool, kill: bool) -> None:
-    """Six DDP steps; rank 1 stalls 5 s before step 3 (``stall``) or is SIGKILLed there."""
+    """Six DDP steps; rank 1 stalls 7 s before step 3 (``stall``) or is SIGKILLed there."""
     model = DistributedDataParallel(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(6):
         if rank == 1 and step == 3 and stall:
-            time.sleep(5)  # the stalled line the report must name
+            time.sleep(7)  # the stalled line the report must name
         if rank == 1 and step == 3 and kill:
             os.kill(os.getpid(), signal.SIGKILL)
         x = torch.full((4, 8), float(rank + step))
@@ -50,13 +50,13 @@ def ddp(rank: int, stall: bool, kill: bool) -> None:
 
 
 def adopted_late(rank: int) -> None:
-    """torch's own init, adopted by init_distributed; rank 1 comes 5 s late to an all_reduce."""
+    """torch's own init, adopted by init_distributed; rank 1 comes 7 s late to an all_reduce."""
     import distcompat
 
     info = distcompat.init_distributed()  # adopts the group torch made, with its store
     print(f"rank {rank}: adopted {info.adopted}", flush=True)
     if rank == 1:
-        time.sleep(5)  # the late line the report must name
+        time.sleep(7)  # the late line the report must name
     total = torch.ones(1)
     dist.all_reduce(total)
     print(f"rank {rank}: total {total.item()!r}", flush=True)
@@ -109,7 +109,7 @@ def fsdp(rank: int) -> None:
     losses = []
     for step in range(4):
         if rank == 1 and step == 2 and os.environ.get("STALL") == "1":
-            time.sleep(5)
+            time.sleep(7)
         x = torch.linspace(-1, 1, 32).view(4, 8) * (rank + 1 + step)
         loss = model(x).square().mean()
         loss.backward()

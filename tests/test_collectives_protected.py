@@ -44,28 +44,28 @@ def _line_of(text: str, nth: int = 1) -> int:
 
 @SHM
 def test_a_ddp_stall_is_reported_naming_the_rank_and_the_job_completes(shm: str) -> None:
-    """rank 1 sleeps 5 s inside a DDP loop; the 2 s watchdog names it and its line; both finish."""
+    """rank 1 sleeps 7 s inside a DDP loop; the 2 s watchdog names it and its line; both finish."""
     env = {"DISTCOMPAT_WATCHDOG": "2", "DISTCOMPAT_SHM": shm}
     ranks = run_ranks(SCRIPT, 2, args=("ddp-stall",), env=env, timeout=90)
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     assert _said(ranks, 0, "ddp done") == _said(ranks, 1, "ddp done")  # replicas equal
     output = "".join(r.stdout + r.stderr for r in ranks)
     assert "hang report" in output
-    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(5)')}", output)
+    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)')}", output)
     calls = int(_said(ranks, 0, "shm calls"))  # DDP's buckets took shared memory, unasked
     assert calls >= 6 if shm == "auto" else calls == 0
 
 
 def test_a_group_torch_made_is_adopted_with_its_store() -> None:
     """``torch.distributed.init_process_group("gloo")``, then ``init_distributed()``: a rank late
-    to a distcompat all_reduce (5 s) is named with its line, from the other rank's report too."""
+    to a distcompat all_reduce (7 s) is named with its line, from the other rank's report too."""
     env = {"DISTCOMPAT_WATCHDOG": "2"}
     ranks = run_ranks(SCRIPT, 2, args=("adopt-late",), env=env, timeout=90)
     assert [r.returncode for r in ranks] == [0, 0], [r.stderr[-2000:] for r in ranks]
     assert _said(ranks, 0, "adopted") == "True"
     assert _said(ranks, 0, "total") == "2.0"
     report = ranks[0].stdout + ranks[0].stderr  # rank 0 waits: its report covers rank 1 too
-    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(5)', 2)}", report)
+    assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)', 2)}", report)
 
 
 @SHM
@@ -107,7 +107,7 @@ def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(world: int) -> 
     two terms is the same in either order), within 1e-6 relative at 3, where the protected
     group's reduce-scatter (shared memory, or an all-to-all and a local sum) may add in another
     order than gloo's (measured: bitwise there too, on torch 2.13). At 2 ranks rank 1 also sleeps
-    5 s between steps: the 2 s watchdog names it and its line, and the job completes."""
+    7 s between steps: the 2 s watchdog names it and its line, and the job completes."""
     stall = {"DISTCOMPAT_WATCHDOG": "2", "STALL": "1"} if world == 2 else {}
     protected = run_ranks(SCRIPT, world, args=("fsdp",), env=stall, timeout=120)
     plain = run_ranks(
@@ -121,7 +121,7 @@ def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(world: int) -> 
         assert got == (want if world == 2 else pytest.approx(want, rel=1e-6))
     if stall:
         output = "".join(r.stdout + r.stderr for r in protected)
-        sleep_line = _line_of("time.sleep(5)", 3)
+        sleep_line = _line_of("time.sleep(7)", 3)
         assert re.search(rf"rank 1.*_protected_script\.py:{sleep_line}", output)
 
 
