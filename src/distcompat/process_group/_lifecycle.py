@@ -98,8 +98,12 @@ _exit_registered = False
 
 
 def _destroy_at_exit() -> None:
-    """Destroy a group init made and the script left, before the interpreter tears down."""
-    if _current is not None and _current.info.has_group and not _current.info.adopted:
+    """Undo init before the interpreter tears down.
+
+    A group init made and the script left is destroyed; of an adopted group, distcompat's record
+    and the store connections it made are dropped (the group stays its owner's).
+    """
+    if _current is not None and _current.info.has_group:
         destroy_distributed()
 
 
@@ -219,7 +223,7 @@ def _initialize(request: _Request, env: LaunchEnv | None, made_by: str | None) -
     record(info)
     if info.has_group:
         install_exit_guard()
-        if not info.adopted and not _exit_registered:
+        if not _exit_registered:
             atexit.register(_destroy_at_exit)
             _exit_registered = True
     _current = _Lifecycle(info=info, request=request, watchdog=started, environ=writes)
@@ -269,7 +273,14 @@ def destroy_distributed() -> None:
         state.watchdog.stop()
     if state is not None and state.environ is not None:
         state.environ.withdraw()  # the variables init set, where they still hold its values
-    if state is None or state.info.adopted or not state.info.has_group:
+    if state is None or not state.info.has_group:
+        return
+    from distcompat.collectives._store import shut_down  # imported by init already
+
+    if state.info.adopted:
+        # The group is its owner's; the store connections distcompat made for its watchdog and
+        # mismatch check are not: a clone left to the process exit can abort it (issue 28).
+        shut_down()
         return
     # init_distributed imported the diagnostics already (it says why they are late)
     from distcompat.diagnostics._exit import failure_seen
@@ -285,8 +296,6 @@ def destroy_distributed() -> None:
         return
     if dist.is_initialized():
         _destroy_group()
-    from distcompat.collectives._store import shut_down  # imported by init already
-
     shut_down()
 
 
