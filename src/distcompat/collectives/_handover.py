@@ -7,7 +7,7 @@ completes with the op's outputs, the C++ call (``loss.backward()``) finishes, an
 error (:class:`~distcompat.PeerLostError` naming the rank) is raised in the caller's thread
 once that call has returned::
 
-    caller = Caller.here(depth=2)          # in the group's method: who called it, from where
+    caller = Caller(threading.get_ident(), sys._getframe(2))   # the frame C++ was entered from
     future = shielded(handle.get_future(), outputs, caller)
 
 The error is raised with ``PyThreadState_SetAsyncExc`` once a watcher thread sees that the
@@ -41,13 +41,7 @@ class Caller:
     """The thread that called into C++, and the Python frame it called from."""
 
     thread: int
-    frame: FrameType | None
-
-    @classmethod
-    def here(cls, depth: int) -> Caller:
-        """Describe this thread's caller ``depth`` frames up (the frame C++ was entered from)."""
-        frame = sys._getframe(depth + 1)
-        return cls(threading.get_ident(), frame)
+    frame: FrameType
 
     def inside_call(self) -> bool:
         """Whether :attr:`frame` is still on the thread's stack.
@@ -97,7 +91,7 @@ def shielded(
     Example:
         >>> done = torch.futures.Future()
         >>> done.set_result([torch.ones(1)])
-        >>> shielded(done, None, Caller.here(0)).value()
+        >>> shielded(done, None, Caller(threading.get_ident(), sys._getframe())).value()
         [tensor([1.])]
     """
     out: torch.futures.Future[Any] = torch.futures.Future()

@@ -24,7 +24,7 @@ backend: they work, unprotected.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -53,8 +53,9 @@ BACKEND = "distcompat"
 _R = dist.ReduceOp
 #: torch's ReduceOps by kind: an options object hands back a fresh ``ReduceOp`` on each read,
 #: and distcompat's fast paths know the ops by identity.
-_KINDS = {kind: kind for kind in (_R.SUM, _R.AVG, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR)}
-_KINDS[_R.BXOR] = _R.BXOR
+_KINDS = {
+    kind: kind for kind in (_R.SUM, _R.AVG, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR, _R.BXOR)
+}
 _NO_TIMEOUT = timedelta(0)
 
 
@@ -134,12 +135,12 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
     except ValueError:  # a thread with no Python frame to raise in: the error stays in the future
         return GroupWork(handle, outputs)
     if caller.f_code.co_filename != _PYTHON_CALLER:
-        return GroupWork(handle, outputs, Caller.here(2))
+        return GroupWork(handle, outputs, Caller(threading.get_ident(), caller))
     outer = caller.f_back
     while outer is not None and outer.f_code.co_filename == _LOGGER:  # torch's logging wrapper
         outer = outer.f_back
     if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
-        future = shielded(handle.get_future(), outputs, Caller.here(2))
+        future = shielded(handle.get_future(), outputs, Caller(threading.get_ident(), caller))
         return _c10d._create_work_from_future(future)  # type: ignore[attr-defined]
     return GroupWork(handle, outputs)
 
@@ -303,9 +304,6 @@ def make_group(store: Any, rank: int, size: int, timeout: timedelta) -> Protecte
     return ProtectedGroup(backend, rank, size)
 
 
-_registered: list[Callable[..., Any]] = []
-
-
 def register() -> str:
     """Register the protected gloo group with torch (once per process); return its name.
 
@@ -316,7 +314,6 @@ def register() -> str:
         >>> register()
         'distcompat'
     """
-    if not _registered:
+    if not hasattr(dist.Backend, BACKEND.upper()):  # torch names each backend it registered
         dist.Backend.register_backend(BACKEND, make_group, devices=["cpu"])
-        _registered.append(make_group)
     return BACKEND

@@ -77,8 +77,7 @@ def init_process_group(
     if (not explicit and world_size < 0 and launch.is_distributed) or dist.is_initialized():
         _initialize(request, launch, made_by=None)
         return
-    name = str(backend).lower() if backend is not None else "gloo"
-    protected = name == "gloo" and choose_protection("gloo").on
+    protected = choose_protection(str(backend).lower() if backend is not None else "gloo").on
     dist.init_process_group(
         backend=_protected_backend() if protected else backend,
         init_method=init_method,
@@ -95,16 +94,20 @@ def init_process_group(
 
 
 def destroy_process_group(group: Any | None = None) -> None:
-    """Destroy ``group`` as torch does; the default group distcompat set up, as it sets up.
+    """Destroy ``group`` as torch does; the default group as ``destroy_distributed`` does.
+
+    A default group distcompat made is destroyed by it; of one it adopted, distcompat first drops
+    its record (watchdog, store connections), then torch destroys the group.
 
     Example:
         >>> destroy_process_group()   # nothing to destroy: a no-op
     """
     if group is None or group is dist.group.WORLD:
         info = recorded()
-        if info is not None and info.has_group and not info.adopted:
-            destroy_distributed()
-            return
+        if info is not None and info.has_group:
+            destroy_distributed()  # its own group destroyed; of an adopted one, its record dropped
+            if not info.adopted:
+                return
         if not dist.is_initialized():
             return
     dist.destroy_process_group(group)
