@@ -431,6 +431,38 @@ def test_ranks_may_run_one_call_by_different_paths() -> None:
         assert seen == [3.0, 4.0] * 6
 
 
+def _first_set_up_by_different_paths(op: str) -> list[float]:
+    """A new group's first call that takes the path comes to rank 0 by its fast path
+    (``direct``) and to rank 1 by the general one: the fast path reads which group was looked up
+    last, process state that a background thread (an async checkpoint's save group) changes at
+    any moment. Before the fix the fast path set the path up before its mismatch check and the
+    general path after it: each rank waited in the other's step until the group's timeout (a CI
+    failure of ``test_async_saves_on_three_ranks``)."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import all_reduce, broadcast
+    from distcompat.collectives.agree._state import state_for
+
+    configure()
+    rank = dist.get_rank()
+    group = dist.new_group(ranks=[0, 1], timeout=timedelta(seconds=20))
+    state_for(group if rank == 0 else dist.group.WORLD)  # the fast path's "last group"
+    t = torch.full((4096,), float(rank + 1))  # 16 KiB: over every floor
+    if op == "all_reduce":
+        all_reduce(t, group=group)
+    else:
+        broadcast(t, src=1, group=group)
+    all_reduce(t, group=group)  # and again, both by the fast path now
+    return [float(t[0]), float(shm.status(group).engaged)]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
+def test_a_groups_first_set_up_is_met_whichever_path_each_rank_takes(op: str) -> None:
+    first = 3.0 if op == "all_reduce" else 2.0
+    assert run_on_ranks(_first_set_up_by_different_paths, 2, args=(op,)) == [
+        [first * 2, 1.0]
+    ] * 2
+
+
 def _late_peer_under_a_watchdog() -> tuple[float, float, float, list[str]]:
     """Rank 1 arrives 1.2 s late: rank 0's in-place wait runs past the watchdog's first slice
     (0.5 s) and goes on as the watchdog's bounded wait, through the op's work."""

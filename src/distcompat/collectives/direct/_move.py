@@ -73,7 +73,7 @@ def broadcast(
     ):
         engine = _shm_path.engaged(pg)
         if engine is None:
-            return SKIP  # the path is not usable on this group: the general path decides
+            return SKIP  # not set up yet, or not usable here: the general path decides
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
@@ -198,7 +198,7 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
     if output.nbytes >= _floor("all_gather_into_tensor", state.world):
         engine = _shm_path.engaged(pg)
         if engine is None:
-            return SKIP  # the path is not usable on this group: the general path decides
+            return SKIP  # not set up yet, or not usable here: the general path decides
     else:
         gather = getattr(pg, "all_gather_single", None)
         if gather is None:

@@ -76,7 +76,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
     ):
         engine = _shm_path.engaged(pg)
         if engine is None:
-            return SKIP  # the path is not usable on this group: the general path decides
+            return SKIP  # not set up yet, or not usable here: the general path decides
     shape = tensor.shape
     watcher = _checked.watch
     raw = None
@@ -195,7 +195,7 @@ def reducescatter(
     ):
         engine = _shm_path.engaged(pg)
         if engine is None:
-            return SKIP  # the path is not usable on this group: the general path decides
+            return SKIP  # not set up yet, or not usable here: the general path decides
     shape = input.shape
     watcher = _checked.watch
     raw = None

@@ -147,25 +147,30 @@ def floor_bytes(collective: str, world: int) -> float:
 def engine_for(group: Any, collective: str, tensor: torch.Tensor) -> Engine | None:
     """Return the group's engine when ``collective`` on ``tensor`` takes the path, else None.
 
-    The first call that could take it sets the path up, on every rank together.
+    The first call that could take it sets the path up, on every rank together. Called by the
+    general paths only, after the call's mismatch check: every rank sets up at the same point
+    of its collectives, whichever way its call came in (see :func:`engaged`).
     """
     key = group if group is not None else dist.group.WORLD
     if tensor.device.type != "cpu" or tensor.nbytes < floor_bytes(
         collective, dist.get_world_size(key)
     ):
         return None
-    return engaged(key, collective)
+    found = _groups.get(key)
+    if found is None:
+        found = _groups[key] = set_up(key, collective)
+    return engaged(key)
 
 
-def engaged(pg: Any, op: str = "collective") -> Engine | None:
-    """Return ``pg``'s engine if the path is usable there (the first call, ``op``, sets it up).
+def engaged(pg: Any) -> Engine | None:
+    """Return ``pg``'s engine if the path is set up and usable there; never sets it up.
 
     For the fast paths (``direct``), which checked the floor and the tensor themselves: one
-    dict lookup once the group has decided.
+    dict lookup. Before the group's first set-up they take the general path, which checks the
+    call and then sets up: a fast path that set up before its check deadlocked against a rank
+    whose same call took the general path (check first), each waiting in the other's step.
     """
     found = _groups.get(pg)
-    if found is None:
-        found = _groups[pg] = set_up(pg, op)
     if isinstance(found, Engine) and not found.broken:
         return found
     return None
