@@ -1,7 +1,7 @@
 """The fast paths (``collectives.direct``) on a real 2-rank gloo group.
 
-``allreduce`` numbers its calls with ``_agree.count`` written out in place; these tests hold the
-written-out copy to what ``count`` itself records.
+The fast ``allreduce`` numbers its calls for the mismatch check as the general path's
+``_agree.count`` does (it counts through it): a replay through ``count`` must match.
 """
 
 from __future__ import annotations

@@ -210,8 +210,8 @@ class Recorder:
         self.history: deque[Raw] = deque(maxlen=capacity)
         self.started: dict[str, int] = {}
         self.open: dict[int, tuple[Raw, float]] = {}  # key -> (raw record, monotonic start)
-        #: Raw records in call order, not yet numbered: callers append (the fast paths in
-        #: ``collectives.direct`` do it in place, see :meth:`note`); only drain() removes.
+        #: Raw records in call order, not yet numbered: callers append (:meth:`note`,
+        #: :meth:`begin`); only drain() removes.
         self.queue: list[Raw] = []
         self._drain_lock = threading.Lock()
         self._local = threading.local()

@@ -153,8 +153,7 @@ def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, tuple[int, int]] | 
         if counted is not None:
             check(state, counted, sig, group)
 
-    ``_direct.allreduce`` has this written out in place (a call costs a tiny all_reduce about
-    1 us): a change here belongs there too (tests/test_collectives_direct.py compares them).
+    The fast paths (``direct._common._admit``) count through this function too.
     """
     if state.store is None or paused:
         return None

@@ -26,25 +26,23 @@ synchronous one runs in place (``Engine.all_reduce_now`` / ``Engine.run_now``), 
 work only if its wait outlasted the first slice or it failed. A group whose path is unusable
 goes to the general path, which then takes the backend.
 
-An active watchdog (on by default) keeps the fast path: the call is recorded right after it is
-issued, by appending its raw record (``diagnostics._records.Raw``) to ``Watchdog.queue`` in
-place, not through a method: right after a wait, one more Python call cost a tiny all_reduce
-3-5 us end to end, the inline append about 1 us (benchmarks/README.md). Where the mismatch
-check must first check a new step with the peers, the call is recorded before it
-(``Watchdog.note``), so a report made during that wait shows it. An async handle is tracked as
-in ``issue()``, and a synchronous call waits one slice (``Watchdog.first_wait``) here; only a
-call that outlasts it becomes the watchdog's bounded wait (``Watchdog.wait_late``). After a
-declared hang the fast paths step aside (``_checked._general``) and the general path's
+The protections are the general path's, shared through one function each, never a second copy
+(a microsecond is not worth one): :func:`~._common._admit` counts the call for the mismatch
+check (``agree.count``) and checks a new step with the peers first, recorded for the watchdog
+before that wait (``Watchdog.note``); :func:`~._common._complete` records any other call once
+issued, tracks an async handle as ``issue()`` does, and waits for a synchronous one for one
+slice (``Watchdog.first_wait``): only a call that outlasts it becomes the watchdog's bounded
+wait (``Watchdog.wait_late``). A group's shared memory is set up by the general path only, after
+its call's check, so every rank meets the set-up at the same point whichever path its call took.
+After a declared hang the fast paths step aside (``_checked._general``) and the general path's
 pre-call refuses the call.
 
 Each Python call or object made here costs a tiny collective several times its warm cost, since
 it runs right after a wait with cold caches (benchmarks/README.md): hence options objects made
-once, the ReduceOp compared by identity, the synchronous wait written out in each function, and
-the common-case checks written out in ``allreduce``, ``broadcast``, ``alltoall`` and
-``reducescatter`` (through ``_ready`` a tiny broadcast or all-to-all read about 4 us more), and
-``reducescatter``'s receive buffers kept for reuse (``_spare_rows``). ``allreduce``, the most common
-call, also counts its call for the mismatch check in place (``_agree.count`` written out, held
-to it by tests/test_collectives_direct.py).
+once, the ReduceOp compared by identity, the common-case test written out in ``allreduce``,
+``broadcast``, ``alltoall`` and ``reducescatter`` (through ``_ready`` a tiny broadcast or
+all-to-all read about 4 us more), and ``reducescatter``'s receive buffers kept for reuse
+(``_spare_rows``).
 """
 
 from distcompat.collectives.direct._common import SKIP, Outcome

@@ -4,7 +4,8 @@ The module docstring of ``direct`` says why each piece is written the way it is 
 call of a tiny collective costs about 1 us right after a wait)::
 
     pg, state = _ready(group, tensor)      # state None: not the common case
-    return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
+    raw = _admit(state, sig, group, tensor.shape, root)     # counted; a new step checked
+    return _complete(work, "broadcast", group, [tensor], async_op, raw, record)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, Finish
 from distcompat.collectives._work import CompatWork
 from distcompat.collectives.agree import _state as _agree
+from distcompat.collectives.agree import check as _agree_check
 from distcompat.collectives.agree import wait_answering as _wait_answering
 from distcompat.collectives.shm import _path as _shm_path
 
@@ -82,10 +84,6 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
             return pg, None
     return pg, last[1]
 
-
-#: Records the fast paths queue for an active watchdog before they have it drain the queue
-#: (``Watchdog.queue``; the same bound as ``Recorder.note``).
-_DRAIN_AT = 256
 
 #: ``Work.wait``'s own default: no timeout.
 _NO_TIMEOUT = timedelta(0)
@@ -162,37 +160,65 @@ def _late(exc: RuntimeError, work: Any, op: str, group: Any, watcher: Any, raw: 
         raise_typed(failed, op, group)
 
 
-def _settle(
+def _admit(state: Any, sig: tuple[Any, ...], group: Any, shape: Any, origin: Any) -> Any:
+    """Count the call ``sig`` for the mismatch check; check a new step with the peers first.
+
+    The general path's check (``agree.record``), split so that a new step is recorded for the
+    watchdog (``Watchdog.note``) before its wait: a report made during it shows the call.
+    Returns that record, or None (the call is recorded once issued, by :func:`_complete`).
+    """
+    counted = _agree.count(state, sig)
+    if counted is None:
+        return None
+    watcher = _checked.watch
+    raw = None
+    if watcher is not None:
+        raw = watcher.note(sig[0], shape, sig[1], group, sig[3], origin)
+    _agree_check(state, counted, sig, group)
+    return raw
+
+
+def _complete(
     work: Any,
     op: str,
     group: Any,
     result: list[torch.Tensor],
     async_op: bool,
-    watcher: Any,
     raw: Any,
+    record: tuple[Any, ...],
+    now: Any = None,
     finish: Finish | None = None,
 ) -> CompatWork | None:
-    """Wait for a synchronous call, or wrap an async one in a :class:`CompatWork`.
+    """Record an issued call, then wait for it (sync) or hand back its :class:`CompatWork`.
 
-    Without a watchdog the wait runs in ``_agree.POLL`` slices while the mismatch check listens
-    (``_recover`` answers peers after the first). With one (``raw`` is its record of the call),
-    a wait that outlasts the first slice goes on as the watchdog's bounded wait, which answers
-    peers itself, so any error it lets out is final. ``finish`` runs when the op completes.
+    ``record``: ``(shape, dtype, reduce op name, root)`` for the watchdog, unless :func:`_admit`
+    recorded the call (``raw``). ``work`` None: a synchronous call through shared memory, which
+    ``now(wait)`` runs here (``Engine.run_now``), handing back a work only if its wait outlasted
+    the first slice or it failed. Without a watchdog a wait runs in ``_agree.POLL`` slices while
+    the mismatch check listens (``_recover`` answers peers after the first); with one, a wait
+    that outlasts the first slice goes on as the watchdog's bounded wait. ``finish`` runs when
+    the op completes.
     """
-    if not async_op:
-        try:
-            work.wait(
-                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-            )
-        except RuntimeError as exc:
-            _late(exc, work, op, group, watcher, raw)
-        if finish is not None:
-            finish()
-        return None
-    handle = CompatWork.from_work(work, group, result, finish, op=op)
-    if watcher is not None:
-        watcher.track_async(handle, raw)
-    return handle
+    watcher = _checked.watch
+    if watcher is not None and raw is None:
+        raw = watcher.note(op, record[0], record[1], group, record[2], record[3])
+    if async_op:
+        handle = CompatWork.from_work(work, group, result, finish, op=op)
+        if watcher is not None:
+            watcher.track_async(handle, raw)
+        return handle
+    wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
+    if work is None:
+        work = now(wait)
+        if work is None:
+            return None
+    try:
+        work.wait(wait)
+    except RuntimeError as exc:
+        _late(exc, work, op, group, watcher, raw)
+    if finish is not None:
+        finish()
+    return None
 
 
 #: The ProcessGroup class's all-to-all function, by class (see :func:`_exchange`).

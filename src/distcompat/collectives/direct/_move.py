@@ -1,13 +1,13 @@
 """The fast paths that move data: broadcast, all_to_all_single, all_gather_into_tensor.
 
-Each is written out in one function, as ``direct``'s module docstring says::
+Each checks the common case in one function, as ``direct``'s module docstring says, then shares
+the protections (:func:`~._common._admit`) and the wait (:func:`~._common._complete`)::
 
     done = broadcast(tensor, src, group, async_op, group_src)
 """
 
 from __future__ import annotations
 
-from time import monotonic as _monotonic
 from typing import Any
 
 import torch
@@ -17,23 +17,20 @@ from distcompat.collectives import _checked, _probed
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE
 from distcompat.collectives.agree import _state as _agree
-from distcompat.collectives.agree import check as _agree_check
 from distcompat.collectives.direct._common import (
-    _DRAIN_AT,
-    _NO_TIMEOUT,
     _WORLD,
     SKIP,
     Outcome,
     _a2a_opts,
+    _admit,
     _all_to_all_options,
     _bcast_opts,
     _broadcast_options,
+    _complete,
     _exchange,
     _exchanges,
     _floor,
-    _late,
     _ready,
-    _settle,
 )
 from distcompat.collectives.shm import _path as _shm_path
 
@@ -45,8 +42,8 @@ def broadcast(
 ) -> Outcome:
     """``pg.broadcast`` as ``dist.broadcast`` calls it (``src`` on the default group only).
 
-    Written out as :func:`allreduce` is (no ``_ready`` or ``_floor`` call, each tensor property
-    read once): through them a tiny broadcast read about 4 us more (benchmarks/README.md).
+    The common-case test written out as :func:`allreduce`'s is (no ``_ready`` call, each tensor
+    property read once): through it a tiny broadcast read about 4 us more (benchmarks/README.md).
     """
     if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
         return SKIP
@@ -66,8 +63,8 @@ def broadcast(
     root = group_src if group_src is not None else src if group is None else None
     if root is None or not 0 <= root < state.world:
         return SKIP
-    floor = _shm_path.floors.get(("broadcast", state.world))  # inline: no call when known
     engine = None
+    floor = _shm_path.floors.get(("broadcast", state.world))  # inline: no call when known
     if tensor.nbytes >= (
         _shm_path.floor_bytes("broadcast", state.world) if floor is None else floor
     ):
@@ -75,43 +72,21 @@ def broadcast(
         if engine is None:
             return SKIP  # not set up yet, or not usable here: the general path decides
     shape = tensor.shape
-    watcher = _checked.watch
-    raw = None
     origin = src if group_src is None else group_src  # what the general path records
-    if state.store is not None:
-        sig = ("broadcast", dtype, shape, None, root)
-        counted = _agree.count(state, sig)
-        if counted is not None:  # as in allreduce
-            if watcher is not None:
-                raw = watcher.note("broadcast", shape, dtype, group, None, origin)
-            _agree_check(state, counted, sig, group)
+    raw = _admit(state, ("broadcast", dtype, shape, None, root), group, shape, origin)
+    now = call = None
     try:
         if engine is None:
             opts = _bcast_opts.get(root) or _broadcast_options(root)
             work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
-        else:  # shared memory: run below (sync) or on the group's thread (async)
+        else:  # shared memory: run in _complete (sync) or on the group's thread (async)
             call = engine.broadcast(tensor if tensor.dim() == 1 else tensor.view(-1), root)
             work = engine.work("broadcast", call) if async_op else None
+            now = lambda wait: engine.run_now("broadcast", call, wait)  # noqa: E731
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
-    if watcher is not None and raw is None:  # the record, inline: see the module doc
-        raw = [None, "broadcast", group, shape, dtype, None, origin, None, _monotonic()]
-        queue = watcher.queue
-        queue.append(raw)
-        if len(queue) >= _DRAIN_AT:
-            watcher.drain()
-    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
-        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-        if engine is not None:  # as in allreduce
-            work = engine.run_now("broadcast", call, wait)
-            if work is None:
-                return None
-        try:
-            work.wait(wait)
-        except RuntimeError as exc:
-            _late(exc, work, "broadcast", group, watcher, raw)
-        return None
-    return _settle(work, "broadcast", group, [tensor], async_op, watcher, raw)
+    record = (shape, dtype, None, origin)
+    return _complete(work, "broadcast", group, [tensor], async_op, raw, record, now)
 
 
 def alltoall(
@@ -119,8 +94,8 @@ def alltoall(
 ) -> Outcome:
     """Call the all-to-all with even splits, as ``dist.all_to_all_single`` calls it.
 
-    Written out as :func:`allreduce` is (no ``_ready`` call; the ProcessGroup's method looked
-    up by class in a dict).
+    The common-case test written out (no ``_ready`` call); the ProcessGroup's method looked up
+    by class in a dict.
     """
     if (
         type(input) is not torch.Tensor
@@ -146,37 +121,16 @@ def alltoall(
         or input.dim() == 0
     ):
         return SKIP
-    state = last[1]
     shape = input.shape
-    watcher = _checked.watch
-    raw = None
-    if state.store is not None:
-        sig = ("all_to_all_single", dtype, shape[1:], None, None)
-        counted = _agree.count(state, sig)
-        if counted is not None:  # as in allreduce
-            if watcher is not None:
-                raw = watcher.note("all_to_all_single", shape, dtype, group, None, None)
-            _agree_check(state, counted, sig, group)
+    sig = ("all_to_all_single", dtype, shape[1:], None, None)
+    raw = _admit(last[1], sig, group, shape, None)
     exchange = _exchanges.get(pg.__class__) or _exchange(pg.__class__)
     try:
         work = exchange(pg, output, input, [], [], _a2a_opts.get(0) or _all_to_all_options())
     except RuntimeError as exc:
         raise_typed(exc, "all_to_all_single", group)
-    if watcher is not None and raw is None:  # the record, inline: see the module doc
-        raw = [None, "all_to_all_single", group, shape, dtype, None, None, None, _monotonic()]
-        queue = watcher.queue
-        queue.append(raw)
-        if len(queue) >= _DRAIN_AT:
-            watcher.drain()
-    if not async_op:  # written out, as in allreduce (a call costs a tiny collective ~1 us)
-        try:
-            work.wait(
-                watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-            )
-        except RuntimeError as exc:
-            _late(exc, work, "all_to_all_single", group, watcher, raw)
-        return None
-    return _settle(work, "all_to_all_single", group, [output], async_op, watcher, raw)
+    record = (shape, dtype, None, None)
+    return _complete(work, "all_to_all_single", group, [output], async_op, raw, record)
 
 
 def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: bool) -> Outcome:
@@ -203,37 +157,17 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         gather = getattr(pg, "all_gather_single", None)
         if gather is None:
             return SKIP
-    watcher = _checked.watch
-    raw = None
-    if state.store is not None:
-        sig = ("all_gather_into_tensor", input.dtype, input.shape, None, None)
-        counted = _agree.count(state, sig)
-        if counted is not None:  # as in allreduce
-            if watcher is not None:
-                raw = watcher.note(
-                    "all_gather_into_tensor", input.shape, input.dtype, group, None, None
-                )
-            _agree_check(state, counted, sig, group)
+    op, shape, dtype = "all_gather_into_tensor", input.shape, input.dtype
+    raw = _admit(state, (op, dtype, shape, None, None), group, shape, None)
+    now = None
     try:
         if gather is not None:
             work = gather(output, input)  # default options: asyncOp True, as everywhere here
-        else:  # shared memory: run below (sync) or on the group's thread (async)
+        else:  # shared memory: run in _complete (sync) or on the group's thread (async)
             assert engine is not None
             call = engine.all_gather(output, input)
-            work = engine.work("all_gather_into_tensor", call) if async_op else None
+            work = engine.work(op, call) if async_op else None
+            now = lambda wait: engine.run_now(op, call, wait)  # noqa: E731
     except RuntimeError as exc:
-        raise_typed(exc, "all_gather_into_tensor", group)
-    if watcher is not None and raw is None:  # the record, inline: see the module doc
-        shape, dtype = input.shape, input.dtype
-        raw = [None, "all_gather_into_tensor", group, shape, dtype, None, None, None, _monotonic()]
-        queue = watcher.queue
-        queue.append(raw)
-        if len(queue) >= _DRAIN_AT:
-            watcher.drain()
-    if work is None:  # shared memory, synchronous: as in allreduce
-        assert engine is not None
-        wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
-        work = engine.run_now("all_gather_into_tensor", call, wait)
-        if work is None:
-            return None
-    return _settle(work, "all_gather_into_tensor", group, [output], async_op, watcher, raw)
+        raise_typed(exc, op, group)
+    return _complete(work, op, group, [output], async_op, raw, (shape, dtype, None, None), now)
