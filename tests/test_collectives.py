@@ -209,12 +209,13 @@ def _bitwise_as_if_nccl(collective: str) -> dict[str, bool]:
     """
     import torch.distributed as dist
 
-    import distcompat.collectives._reductions as reductions
+    import distcompat.collectives._reduce_ops as reduce_ops
+    from distcompat.collectives import _reductions as reductions
     from distcompat.collectives._reduce_ops import plan_reduction
 
     rank, world = dist.get_rank(), dist.get_world_size()
     outcome = {}
-    with mock.patch.object(reductions, "backend_for", return_value="nccl"):
+    with mock.patch.object(reduce_ops, "backend_for", return_value="nccl"):
         for name in ("BAND", "BOR", "BXOR"):
             op = getattr(dist.ReduceOp, name)
             plan = plan_reduction(op, torch.int64, world_size=world, backend="nccl")

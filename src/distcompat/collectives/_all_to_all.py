@@ -93,8 +93,8 @@ def all_to_all_single(
         in_splits=input_split_sizes or [even_in] * world_size,
         out_splits=output_split_sizes or [even_out] * world_size,
     )
-    wire, copy_back = stage_output(output, reduce=False)
-    source = stage_input(input, reduce=False)
+    wire, copy_back = stage_output(output)
+    source = stage_input(input)
     return issue(
         "all_to_all_single",
         lambda a: dist.all_to_all_single(
@@ -166,9 +166,9 @@ def all_to_all(
         in_splits=[item.numel() for item in input_tensor_list],
         out_splits=[item.numel() for item in output_tensor_list],
     )
-    sources = [stage_input(item, reduce=False).reshape(-1) for item in input_tensor_list]
+    sources = [stage_input(item).reshape(-1) for item in input_tensor_list]
     flat_in = torch.cat(sources)
-    staged = [stage_output(out, reduce=False) for out in output_tensor_list]
+    staged = [stage_output(out) for out in output_tensor_list]
     out_flats = [wire.view(-1) for wire, _ in staged]
     flat_out = torch.empty(
         sum(w.numel() for w in out_flats), dtype=flat_in.dtype, device=flat_in.device

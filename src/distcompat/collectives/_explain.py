@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import backend_for, group_size
-from distcompat.collectives._reductions import plan_call
-from distcompat.collectives._wire import MOVE_NATIVE, upcast_dtype
+from distcompat.collectives._reduce_ops import plan_call, upcast_dtype
+from distcompat.collectives._wire import MOVE_NATIVE
 from distcompat.collectives.shm import _path as shm
 
 __all__ = ["CollectivePlan", "explain_collective"]

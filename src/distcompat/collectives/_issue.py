@@ -16,7 +16,7 @@ from typing import Any
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import Finish
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.agree import _state, wait_answering
 
 __all__ = ["issue"]
@@ -24,7 +24,7 @@ __all__ = ["issue"]
 
 def issue(
     op: str,
-    call: Callable[[bool], Any],
+    call: Callable[[bool], Any] | None,
     group: Any,
     result: Any,
     finish: Finish | None,
@@ -33,7 +33,12 @@ def issue(
     """Run ``call(async_op)``; finish now (sync) or when the op completes (async).
 
     Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
+    ``call`` None: nothing to send (one rank), ``finish`` runs now.
     """
+    if call is None:
+        if finish is not None:
+            finish()
+        return done_if_async(result, async_op)
     watcher = _checked.watch  # distcompat.diagnostics' watchdog, None unless one is active
     try:
         if not async_op:

@@ -83,7 +83,7 @@ def broadcast(
     if group_size(group) == 1:
         return done_if_async([tensor], async_op)
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
-    wire, copy_back = stage_output(tensor, reduce=False, fill=True)
+    wire, copy_back = stage_output(tensor, fill=True)
     engine = shm.engine_for(group, "broadcast", wire)
     if engine is not None:  # every rank on this machine: through shared memory
         flat, at = wire.view(-1), group_rank_of(group, src, group_src)
@@ -158,9 +158,9 @@ def all_gather(
     if any(out.shape != tensor.shape for out in tensor_list):  # rows differ: pad, gather, trim
         return all_gather_rows(tensor_list, tensor, group, async_op)
     verify("all_gather", tensor, group)
-    staged = [stage_output(out, reduce=False) for out in tensor_list]
+    staged = [stage_output(out) for out in tensor_list]
     wires = [wire for wire, _ in staged]
-    source = stage_input(tensor, reduce=False)
+    source = stage_input(tensor)
     return issue(
         "all_gather",
         lambda a: dist.all_gather(wires, source, group=group, async_op=a),
@@ -230,8 +230,8 @@ def all_gather_into_tensor(
         output_tensor.copy_(input_tensor.reshape(output_tensor.shape))
         return done_if_async([output_tensor], async_op)
     verify("all_gather_into_tensor", input_tensor, group)
-    wire, copy_back = stage_output(output_tensor, reduce=False)
-    source = stage_input(input_tensor, reduce=False)
+    wire, copy_back = stage_output(output_tensor)
+    source = stage_input(input_tensor)
     # Flat views only where needed: each view costs 1-3 us, the op's whole Python budget.
     source = source if source.dim() == 1 else source.reshape(-1)
     out_flat = wire if wire.dim() == 1 else wire.view(-1)

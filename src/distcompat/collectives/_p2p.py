@@ -76,15 +76,15 @@ def _through_host(tensor: torch.Tensor, group: Any) -> bool:
 
 def _send_wire(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     """Return what a send hands the backend: contiguous, in host memory where gloo needs it."""
-    return stage_input(tensor.cpu() if _through_host(tensor, group) else tensor, reduce=False)
+    return stage_input(tensor.cpu() if _through_host(tensor, group) else tensor)
 
 
 def _recv_wire(tensor: torch.Tensor, group: Any) -> tuple[torch.Tensor, Finish]:
     """``(wire, finish)`` for a receive into ``tensor``, through host memory where gloo needs it."""
     if not _through_host(tensor, group):
-        return stage_output(tensor, reduce=False)
+        return stage_output(tensor)
     host = torch.empty(tensor.shape, dtype=tensor.dtype)
-    wire, copy_back = stage_output(host, reduce=False)
+    wire, copy_back = stage_output(host)
 
     def finish() -> None:
         copy_back()

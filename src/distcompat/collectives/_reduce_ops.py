@@ -7,31 +7,53 @@ correctly plus local steps, each with a name a user can print::
 
     plan = plan_reduction(dist.ReduceOp.AVG, torch.float32, world_size=2, backend="gloo")
     plan.shim   # 'avg-as-sum-then-divide'
+
+A plan is a decision only: ``_wire`` takes its steps on the tensors (``stage_reduction``).
+:func:`plan_call` plans a call (with the group's probe cells where it was probed), and
+:func:`by_gathering` is the transport of a plan whose op the backend lacks.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from distcompat.collectives._group import backend_for, group_size
+from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._probed import probed_for
 from distcompat.collectives._wire import (
+    REDUCE_NATIVE,
+    REINTERPRET,
     Finish,
     UnsupportedCollectiveError,
-    chain,
-    stage_output,
-    upcast_dtype,
 )
 
-__all__ = ["PROBED_COLLECTIVES", "ReducePlan", "local_reduce", "plan_fast", "plan_reduction"]
+__all__ = [
+    "PROBED_COLLECTIVES",
+    "ReducePlan",
+    "Transport",
+    "by_gathering",
+    "local_reduce",
+    "plan_call",
+    "plan_fast",
+    "plan_reduction",
+    "upcast_dtype",
+]
 
 R = dist.ReduceOp
-_SIGN_BIT = -(2**63)  # int64's top bit
+#: What a route hands ``issue``: starts the transport (``async_op`` in), returns its Work or None.
+Transport = Callable[[bool], Any]
+_UPCAST: dict[torch.dtype, torch.dtype] = {
+    torch.int16: torch.int32,
+    torch.uint16: torch.int32,
+    torch.uint32: torch.int64,
+}
 _BITWISE = (R.BAND, R.BOR, R.BXOR)
 #: bool reductions by their logical meaning, on canonical 0/1 bytes.
 _BOOL_AS: dict[Any, Any] = {
@@ -55,74 +77,9 @@ class ReducePlan:
     parity: bool = False  # bool BXOR: keep the low bit of the byte sum
     flip_sign: bool = False  # uint64 MIN/MAX: flip the top bit so signed order = unsigned order
     gather: bool = False  # the backend lacks the op: all-gather every rank's input, reduce here
+    upcast: torch.dtype | None = None  # converted to this dtype to be reduced (int16, fp8, ...)
     shim: str = ""
     source: str = ""  # why: the probe cell this plan follows, '' for the plan that holds everywhere
-
-    @property
-    def has_finish(self) -> bool:
-        """Whether :meth:`finish` has anything to do."""
-        return self.divide_by is not None or self.parity or self.flip_sign
-
-    def prepared(self, wire: torch.Tensor) -> torch.Tensor:
-        """Return the input to send: a *copy* when it must be scaled or flipped, else ``wire``."""
-        if self.factor is None and not self.flip_sign:
-            return wire
-        out = wire.clone()
-        self.prepare_in_place(out)
-        return out
-
-    def prepare_in_place(self, wire: torch.Tensor) -> None:
-        """Scale or flip an in-place op's buffer (it is overwritten with the result anyway)."""
-        self.scale_in_place(wire)
-        if self.flip_sign:
-            wire.bitwise_xor_(_SIGN_BIT)
-
-    def scale_in_place(self, wire: torch.Tensor) -> None:
-        """Premultiply by the PREMUL_SUM factor: all a reduction over one rank does."""
-        if self.factor is None:
-            return
-        try:
-            wire.mul_(self.factor)
-        except NotImplementedError:  # fp8 (and older torch's uint16/32) have no mul kernel
-            wide = torch.complex128 if wire.is_complex() else torch.float64
-            wire.copy_(wire.to(wide) * self.factor)
-
-    def finish(self, wire: torch.Tensor) -> None:
-        """Apply the steps that follow the backend's op to the wire result, in place."""
-        if self.flip_sign:
-            wire.bitwise_xor_(_SIGN_BIT)
-        if self.divide_by is not None:
-            wire.div_(self.divide_by)
-        if self.parity:
-            wire.bitwise_and_(1)
-
-    def finisher(self, wire: torch.Tensor) -> Finish | None:
-        """Return :meth:`finish` bound to ``wire``, or None when the plan has nothing to do."""
-        if not self.has_finish:
-            return None
-        return lambda: self.finish(wire)
-
-    def staged_output(
-        self, tensor: torch.Tensor, *, in_place: bool
-    ) -> tuple[torch.Tensor, Finish | None]:
-        """Return ``(wire, settle)``: the transport's result buffer, and what settles it.
-
-        ``settle`` puts the result into ``tensor``: this plan's finish, then the copy back.
-        ``in_place`` (all_reduce, reduce onto this rank): the wire starts as ``tensor``'s values,
-        prepared (scaled, flipped) to be sent; else it only receives.
-
-        Example:
-            >>> avg = plan_reduction(dist.ReduceOp.AVG, torch.float32, world_size=2, backend="gloo")
-            >>> t = torch.tensor([3.0, 5.0])
-            >>> wire, settle = avg.staged_output(t, in_place=True)
-            >>> _ = wire.mul_(2)   # what a SUM over two equal ranks leaves in the wire
-            >>> settle(); t        # AVG as SUM, then divide
-            tensor([3., 5.])
-        """
-        wire, copy_back = stage_output(tensor, reduce=True, fill=in_place)
-        if in_place:
-            self.prepare_in_place(wire)
-        return wire, chain(self.finisher(wire), copy_back)
 
 
 def _kind(op: Any) -> tuple[Any, Any]:
@@ -132,15 +89,68 @@ def _kind(op: Any) -> tuple[Any, Any]:
 
 
 _PLAIN = {kind: ReducePlan(kind) for kind in (R.SUM, R.MIN, R.MAX, R.PRODUCT)}
-_NATIVE_DTYPES = frozenset(
-    {torch.float16, torch.bfloat16, torch.float32, torch.float64}
-    | {torch.int8, torch.uint8, torch.int32, torch.int64}
-)
 
 
 def plan_fast(op: Any, dtype: torch.dtype) -> ReducePlan | None:
     """Return the plan when it cannot depend on the backend (the common case), else None."""
-    return _PLAIN.get(op) if dtype in _NATIVE_DTYPES else None
+    return _PLAIN.get(op) if dtype in REDUCE_NATIVE else None
+
+
+def upcast_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """Return the dtype a reduction of ``dtype`` runs in, or None when it runs natively.
+
+    Example:
+        >>> upcast_dtype(torch.int16)
+        torch.int32
+    """
+    if dtype in REDUCE_NATIVE or dtype.is_complex or dtype == torch.bool:
+        return None
+    if dtype in _UPCAST:
+        return _UPCAST[dtype]
+    if dtype in REINTERPRET:
+        return REINTERPRET[dtype]
+    if dtype.is_floating_point and dtype.itemsize == 1:  # the fp8 family
+        return torch.float32
+    raise UnsupportedCollectiveError(
+        f"reductions of {dtype} are not supported: no backend reduces it and distcompat has no "
+        "exact emulation (it can still be moved: broadcast, gather, send, ...)"
+    )
+
+
+def plan_call(
+    op: Any, tensor: torch.Tensor, group: Any, world_size: int, collective: str
+) -> ReducePlan:
+    """Plan the reduction of ``collective``; the capability probe's cells apply where it ran it.
+
+    Example:
+        >>> plan_call(dist.ReduceOp.SUM, torch.ones(2), None, 1, "all_reduce").op
+        <RedOpType.SUM: 0>
+    """
+    probed = probed_for(group) if collective in PROBED_COLLECTIVES and world_size > 1 else None
+    key = None
+    if probed is not None and probed.device_type == tensor.device.type:
+        # A PREMUL_SUM factor may be a tensor, so those plans are made afresh every call.
+        kind = getattr(op, "op", op)
+        key = None if kind == R.PREMUL_SUM else (kind, tensor.dtype, world_size, collective)
+        cached: ReducePlan | None = probed.plans.get(key) if key is not None else None
+        if cached is not None:
+            return cached
+    else:
+        probed = None
+        fast = plan_fast(op, tensor.dtype)
+        if fast is not None:
+            return fast
+    plan = plan_reduction(
+        op,
+        tensor.dtype,
+        world_size=world_size,
+        backend=backend_for(group, tensor.device) if world_size > 1 else "none",
+        probed=probed.cells if probed is not None else None,
+        collective=collective,
+    )
+    if probed is not None and key is not None:
+        probed.plans[key] = plan
+    return plan
 
 
 def _op_name(op: Any) -> str:
@@ -188,6 +198,7 @@ def plan_reduction(
         plan = ReducePlan(target, parity=kind == R.BXOR, shim=shim)
         return _settle(plan, probed, collective, torch.uint8)  # canonical 0/1 bytes
     compute = upcast_dtype(dtype) or dtype
+    upcast = compute if compute != dtype and dtype not in REINTERPRET else None
     wire = _REAL.get(compute, compute)  # complex is sent as its real view
     floating = compute.is_floating_point or compute.is_complex
     if compute.is_complex and kind not in (R.SUM, R.AVG, R.PREMUL_SUM):
@@ -200,7 +211,9 @@ def plan_reduction(
         )
     cell = _cell(probed, collective, wire, kind)
     if kind in _BITWISE and backend == "nccl" and cell is None:  # NCCL has no bitwise ops
-        return ReducePlan(kind, gather=True, shim="bitwise-as-all-gather-then-local-reduce")
+        return ReducePlan(
+            kind, gather=True, shim="bitwise-as-all-gather-then-local-reduce", upcast=upcast
+        )
     # Without a probe only NCCL's AVG and PREMUL_SUM are known to be native and right.
     native = cell == "ok" or (cell is None and backend == "nccl" and compute == dtype)
     if kind == R.AVG:
@@ -210,8 +223,8 @@ def plan_reduction(
                 "SUM and divide the way you want"
             )
         if native:
-            return _settle(ReducePlan(R.AVG), probed, collective, wire)
-        plan = ReducePlan(R.SUM, divide_by=world_size, shim="avg-as-sum-then-divide")
+            return _settle(ReducePlan(R.AVG, upcast=upcast), probed, collective, wire)
+        plan = ReducePlan(R.SUM, divide_by=world_size, shim="avg-as-sum-then-divide", upcast=upcast)
         return _settle(plan, probed, collective, wire)
     if kind == R.PREMUL_SUM:
         if not floating:
@@ -219,13 +232,15 @@ def plan_reduction(
                 f"ReduceOp.PREMUL_SUM needs a floating dtype, not {dtype}"
             )
         if native and not compute.is_complex:
-            return _settle(ReducePlan(op), probed, collective, wire)
+            return _settle(ReducePlan(op, upcast=upcast), probed, collective, wire)
         if factor is None:
             raise UnsupportedCollectiveError(
                 "this torch's PREMUL_SUM op does not expose its factor (torch < 2.13 hides it), "
                 "so it can only run natively on NCCL: multiply by the factor yourself and use SUM"
             )
-        plan = ReducePlan(R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum")
+        plan = ReducePlan(
+            R.SUM, factor=factor, shim="premul-sum-as-scaled-copy-then-sum", upcast=upcast
+        )
         return _settle(plan, probed, collective, wire)
     flip = dtype == torch.uint64 and kind in (R.MIN, R.MAX)
     if flip:
@@ -234,7 +249,8 @@ def plan_reduction(
         shim = "uint64-as-int64-bits"
     else:
         shim = f"{dtype}-reduced-as-{compute}".replace("torch.", "") if compute != dtype else ""
-    return _settle(ReducePlan(kind, flip_sign=flip, shim=shim), probed, collective, wire)
+    plan = ReducePlan(kind, flip_sign=flip, shim=shim, upcast=upcast)
+    return _settle(plan, probed, collective, wire)
 
 
 _REAL = {torch.complex64: torch.float32, torch.complex128: torch.float64}
@@ -298,3 +314,37 @@ def local_reduce(stacked: torch.Tensor, op: Any) -> torch.Tensor:
     if op in bitwise:
         return functools.reduce(bitwise[op], stacked.unbind(0))
     raise UnsupportedCollectiveError(f"no local reduction for {op}")
+
+
+def by_gathering(
+    source: torch.Tensor,
+    target: torch.Tensor | None,
+    settle: Finish | None,
+    plan: ReducePlan,
+    group: Any,
+) -> tuple[Transport, Finish]:
+    """Transport for an op the backend lacks: all-gather every rank's ``source``, reduce here.
+
+    ``target`` (None on ranks that keep no result) receives the reduction, then ``settle`` runs;
+    world_size times the memory and bytes of the native op, which is why it is only used where
+    there is none.
+
+    Example:
+        >>> plan = ReducePlan(dist.ReduceOp.BXOR, gather=True)
+        >>> t = torch.tensor([5])
+        >>> transport, combine = by_gathering(t, t, None, plan, None)   # issue() runs them
+        >>> callable(transport) and callable(combine)
+        True
+    """
+    world_size = group_size(group)
+    flat = source.reshape(-1)
+    gathered = torch.empty(world_size * flat.numel(), dtype=flat.dtype, device=flat.device)
+
+    def combine() -> None:
+        if target is None:
+            return
+        target.view(-1).copy_(local_reduce(gathered.view(world_size, -1), plan.op))
+        if settle is not None:
+            settle()
+
+    return lambda a: all_gather_flat(gathered, flat, group=group, async_op=a), combine

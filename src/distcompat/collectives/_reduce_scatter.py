@@ -23,12 +23,8 @@ from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import reduce_scatter_flat
-from distcompat.collectives._reduce_ops import (
-    ReducePlan,
-    local_reduce,
-)
-from distcompat.collectives._reductions import plan_call
-from distcompat.collectives._wire import stage_input
+from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_call
+from distcompat.collectives._wire import scale, stage_input, stage_reduction
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
@@ -55,7 +51,7 @@ def _reduce_scatter_flat(
     async_op: bool,
 ) -> CompatWork | None:
     """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
-    wire, settle = plan.staged_output(output, in_place=False)
+    wire, settle = stage_reduction(output, plan, in_place=False)
     out_flat = wire.view(-1)
     engine = (
         shm.engine_for(group, "reduce_scatter_tensor", flat_input)
@@ -158,10 +154,10 @@ def reduce_scatter_tensor(
     plan = plan_call(op, input, group, world_size, "reduce_scatter_tensor")
     if world_size == 1:
         output.copy_(input.reshape(output.shape))
-        plan.scale_in_place(output)
+        scale(plan, output)
         return done_if_async([output], async_op)
     verify("reduce_scatter_tensor", input, group, reduce_op=op)
-    flat = plan.prepared(stage_input(input, reduce=True)).reshape(-1)
+    flat = stage_input(input, plan).reshape(-1)
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
 
 
@@ -220,9 +216,8 @@ def reduce_scatter(
     plan = plan_call(op, output, group, world_size, "reduce_scatter")
     if world_size == 1:
         output.copy_(input_list[0].reshape(output.shape))
-        plan.scale_in_place(output)
+        scale(plan, output)
         return done_if_async([output], async_op)
     verify("reduce_scatter", output, group, reduce_op=op)
-    flat = torch.cat([stage_input(item, reduce=True).reshape(-1) for item in input_list])
-    plan.prepare_in_place(flat)  # a fresh concatenation: scaling it leaves the inputs alone
+    flat = torch.cat([stage_input(item, plan).reshape(-1) for item in input_list])
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)

@@ -82,12 +82,12 @@ def gather(
             gather_list[0].copy_(tensor)
         return done_if_async(gather_list, async_op)
     verify("gather", tensor, group, root=dst if group_dst is None else group_dst)
-    source = stage_input(tensor, reduce=False)
+    source = stage_input(tensor)
     root = root_kwargs("dst", dst, group_dst)
     if is_root(group, dst, group_dst):
         if gather_list is None or len(gather_list) != world_size:
             raise ValueError(f"the destination needs a gather_list of {world_size} tensors")
-        staged = [stage_output(out, reduce=False) for out in gather_list]
+        staged = [stage_output(out) for out in gather_list]
         wires: list[torch.Tensor] | None = [wire for wire, _ in staged]
         finish = chain(*(step for _, step in staged))
     else:
@@ -159,13 +159,13 @@ def scatter(
             tensor.copy_(scatter_list[0])
         return done_if_async([tensor], async_op)
     verify("scatter", tensor, group, root=src if group_src is None else group_src)
-    wire, copy_back = stage_output(tensor, reduce=False)
+    wire, copy_back = stage_output(tensor)
     root = root_kwargs("src", src, group_src)
     sources: list[torch.Tensor] | None = None
     if is_root(group, src, group_src):
         if scatter_list is None or len(scatter_list) != world_size:
             raise ValueError(f"the source needs a scatter_list of {world_size} tensors")
-        sources = [stage_input(item, reduce=False) for item in scatter_list]
+        sources = [stage_input(item) for item in scatter_list]
     return issue(
         "scatter",
         lambda a: dist.scatter(wire, sources, group=group, async_op=a, **root),

@@ -64,8 +64,8 @@ def all_gather_rows(
     padded = tensor.new_zeros(()).expand(len(rows) * most, *trail)  # what the gather moves
     engine = shm.engine_for(group, "all_gather_into_tensor", padded)  # the same on every rank
     if engine is not None:  # every rank on this machine: rank r's rows straight into its tensor
-        staged = [stage_output(out, reduce=False) for out in tensor_list]
-        wires, mine = [wire.reshape(-1) for wire, _ in staged], stage_input(tensor, reduce=False)
+        staged = [stage_output(out) for out in tensor_list]
+        wires, mine = [wire.reshape(-1) for wire, _ in staged], stage_input(tensor)
         return issue(
             "all_gather",
             lambda a: engine.run("all_gather", engine.all_gather_rows(wires, mine.reshape(-1)), a),
@@ -77,8 +77,8 @@ def all_gather_rows(
     padding = tensor.new_zeros((most - rows[me], *trail))
     source = tensor if rows[me] == most else torch.cat([tensor, padding])
     gathered = tensor.new_empty(padded.shape)  # rank r's rows at r * most
-    wire, copy_back = stage_output(gathered, reduce=False)
-    flat_in, flat_out = stage_input(source, reduce=False).reshape(-1), wire.view(-1)
+    wire, copy_back = stage_output(gathered)
+    flat_in, flat_out = stage_input(source).reshape(-1), wire.view(-1)
 
     def trim() -> None:
         copy_back()
