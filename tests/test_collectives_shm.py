@@ -458,9 +458,7 @@ def _first_set_up_by_different_paths(op: str) -> list[float]:
 @pytest.mark.parametrize("op", ["all_reduce", "broadcast"])
 def test_a_groups_first_set_up_is_met_whichever_path_each_rank_takes(op: str) -> None:
     first = 3.0 if op == "all_reduce" else 2.0
-    assert run_on_ranks(_first_set_up_by_different_paths, 2, args=(op,)) == [
-        [first * 2, 1.0]
-    ] * 2
+    assert run_on_ranks(_first_set_up_by_different_paths, 2, args=(op,)) == [[first * 2, 1.0]] * 2
 
 
 def _late_peer_under_a_watchdog() -> tuple[float, float, float, list[str]]:

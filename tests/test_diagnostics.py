@@ -63,12 +63,18 @@ def _scenario(kind: str, out: str) -> None:
     # where the fast paths are tested, which only the checked calls take.
     check = contextlib.nullcontext() if kind == "sleeps_then_calls" else unchecked()
     with check, watchdog(timeout=TIMEOUT, dump_dir=directory / "dumps", grace=grace) as w:
+        if kind == "sleeps_after_a_group_ended":  # its calls stay in the history the dump reads
+            import distcompat.distributed as dist
+
+            group = dist.new_group(ranks=[0, 1])
+            all_reduce(t, group=group)
+            dist.destroy_process_group(group)
         all_reduce(t)  # call #0: everyone agrees
         started = time.monotonic()
         try:
             if rank == 1 and kind == "never_calls":
                 _busy(TIMEOUT + 3.0)  # skips the collective, computes elsewhere
-            elif rank == 1 and kind == "sleeps":
+            elif rank == 1 and kind in ("sleeps", "sleeps_after_a_group_ended"):
                 time.sleep(TIMEOUT + 3.0)
             elif rank == 1 and kind == "sleeps_then_calls":
                 while w.last_report is None:  # rank 0 declares the hang; this rank handles it
@@ -119,8 +125,11 @@ def _dump_report(tmp_path: Path, rank: int) -> HangReport:
     return HangReport.from_json(data["report"])
 
 
-@pytest.mark.parametrize("kind", ["never_calls", "sleeps"])
+@pytest.mark.parametrize("kind", ["never_calls", "sleeps", "sleeps_after_a_group_ended"])
 def test_a_rank_that_is_elsewhere_is_named_behind(kind: str, tmp_path: Path) -> None:
+    """``sleeps_after_a_group_ended``: a group's calls recorded, then the group destroyed; the
+    Flight Recorder-format dump once failed on it (torch's KeyError for a destroyed group) and
+    took the whole report with it ("other ranks not asked")."""
     seen = _run(kind, tmp_path)[0]
     assert seen["error"] == "HangError"
     assert seen["after_s"] < TIMEOUT + SLACK_S

@@ -126,7 +126,7 @@ def _group_config(label: str) -> dict[str, str] | None:
         return None
     try:
         ranks = list(dist.get_process_group_ranks(group))
-    except (RuntimeError, ValueError):  # destroyed since it was recorded
+    except (RuntimeError, ValueError, KeyError):  # destroyed since it was recorded (2.13: KeyError)
         return None
     desc = "default_pg" if group is dist.group.WORLD else getattr(group, "group_desc", "")
     return {"name": label, "desc": str(desc or "undefined"), "ranks": str(ranks)}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import socket
 import threading
 import time
@@ -293,7 +292,7 @@ class IncidentDesk:
                 job=report.job, incident=report.incident,
             )  # fmt: skip
             write_flight_dump(path.parent, rank=self.rank, data=data)
-        except (OSError, ValueError, TypeError, pickle.PicklingError) as exc:
+        except Exception as exc:  # any failure: never at the report's cost (a KeyError was)
             logging.getLogger(_LOG).warning(
                 "distcompat watchdog: the Flight Recorder-format dump was not written: %s", exc
             )
