@@ -30,18 +30,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
-
-if TYPE_CHECKING:
-    from distcompat.collectives._reduce_ops import ReducePlan
 
 __all__ = [
     "MOVE_NATIVE",
     "REDUCE_NATIVE",
     "REINTERPRET",
     "Finish",
+    "PlanSteps",
     "UnsupportedCollectiveError",
     "chain",
     "scale",
@@ -69,6 +67,21 @@ class UnsupportedCollectiveError(TypeError):
     """The op cannot be done correctly for this dtype or ReduceOp on any backend."""
 
 
+class PlanSteps(Protocol):
+    """What this module takes from a reduction's plan (``_reduce_ops.ReducePlan``)."""
+
+    @property
+    def factor(self) -> Any: ...  # PREMUL_SUM: multiply by this before sending
+    @property
+    def flip_sign(self) -> bool: ...  # uint64 MIN/MAX: flip the top bit before and after
+    @property
+    def divide_by(self) -> int | None: ...  # AVG emulated: divide the result by this
+    @property
+    def parity(self) -> bool: ...  # bool BXOR: keep the low bit of the byte sum
+    @property
+    def upcast(self) -> torch.dtype | None: ...  # converted to this dtype to be reduced
+
+
 def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
@@ -79,7 +92,7 @@ def _as_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(rows, math.prod(t.shape[1:])).view(torch.uint8)
 
 
-def _encode(dense: torch.Tensor, plan: ReducePlan | None) -> torch.Tensor:
+def _encode(dense: torch.Tensor, plan: PlanSteps | None) -> torch.Tensor:
     """Return the wire form of contiguous ``dense`` (reduced by ``plan``, else moved)."""
     dtype = dense.dtype
     if dtype.is_complex:
@@ -93,7 +106,7 @@ def _encode(dense: torch.Tensor, plan: ReducePlan | None) -> torch.Tensor:
     return dense if plan.upcast is None else dense.to(plan.upcast)
 
 
-def stage_input(t: torch.Tensor, plan: ReducePlan | None = None) -> torch.Tensor:
+def stage_input(t: torch.Tensor, plan: PlanSteps | None = None) -> torch.Tensor:
     """Return the wire form of an input, to move or (``plan``) to reduce; never writes to ``t``.
 
     A reduction's input is also prepared (scaled, flipped): in a copy where it is ``t``'s memory.
@@ -115,7 +128,7 @@ def stage_input(t: torch.Tensor, plan: ReducePlan | None = None) -> torch.Tensor
 
 
 def stage_output(
-    t: torch.Tensor, plan: ReducePlan | None = None, *, fill: bool = False
+    t: torch.Tensor, plan: PlanSteps | None = None, *, fill: bool = False
 ) -> tuple[torch.Tensor, Finish]:
     """Return ``(wire, finish)``: the backend writes ``wire``; ``finish()`` puts it into ``t``.
 
@@ -146,7 +159,7 @@ def stage_output(
 
 
 def stage_reduction(
-    t: torch.Tensor, plan: ReducePlan, *, in_place: bool
+    t: torch.Tensor, plan: PlanSteps, *, in_place: bool
 ) -> tuple[torch.Tensor, Finish | None]:
     """Return ``(wire, settle)``: a reduction's result buffer, and what settles it into ``t``.
 
@@ -172,7 +185,7 @@ def stage_reduction(
     return wire, chain(lambda: _finish(plan, wire), copy_back)
 
 
-def scale(plan: ReducePlan, wire: torch.Tensor) -> None:
+def scale(plan: PlanSteps, wire: torch.Tensor) -> None:
     """Premultiply by ``plan``'s PREMUL_SUM factor in place: all a reduction over one rank does.
 
     Example:
@@ -190,14 +203,14 @@ def scale(plan: ReducePlan, wire: torch.Tensor) -> None:
         wire.copy_(wire.to(wide) * plan.factor)
 
 
-def _prepare(plan: ReducePlan, wire: torch.Tensor) -> None:
+def _prepare(plan: PlanSteps, wire: torch.Tensor) -> None:
     """Scale or flip a buffer about to be sent (the wire, never the caller's tensor)."""
     scale(plan, wire)
     if plan.flip_sign:
         wire.bitwise_xor_(_SIGN_BIT)
 
 
-def _finish(plan: ReducePlan, wire: torch.Tensor) -> None:
+def _finish(plan: PlanSteps, wire: torch.Tensor) -> None:
     """Take ``plan``'s steps that follow the backend's op, on the wire result, in place."""
     if plan.flip_sign:
         wire.bitwise_xor_(_SIGN_BIT)
