@@ -209,13 +209,12 @@ def _complete(
         return handle
     wait = watcher.first_wait if watcher else _agree.POLL if _agree.listening else _NO_TIMEOUT
     if work is None:
-        work = now(wait)
-        if work is None:
-            return None
-    try:
-        work.wait(wait)
-    except RuntimeError as exc:
-        _late(exc, work, op, group, watcher, raw)
+        work = now(wait)  # None: done within the slice
+    if work is not None:
+        try:
+            work.wait(wait)
+        except RuntimeError as exc:
+            _late(exc, work, op, group, watcher, raw)
     if finish is not None:
         finish()
     return None
