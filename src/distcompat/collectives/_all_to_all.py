@@ -32,17 +32,6 @@ def all_to_all_single(
     output_split_sizes: list[int] | None = ...,
     input_split_sizes: list[int] | None = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def all_to_all_single(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    output_split_sizes: list[int] | None = ...,
-    input_split_sizes: list[int] | None = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
 ) -> CompatWork: ...
@@ -105,15 +94,6 @@ def all_to_all_single(
         copy_back,
         async_op,
     )
-
-
-@overload
-def all_to_all(
-    output_tensor_list: list[torch.Tensor],
-    input_tensor_list: list[torch.Tensor],
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
 
 
 @overload

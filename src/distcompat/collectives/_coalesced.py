@@ -70,15 +70,6 @@ def all_reduce_coalesced(
     tensors: Sequence[torch.Tensor],
     op: Any = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def all_reduce_coalesced(
-    tensors: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
 ) -> CompatWork: ...
@@ -118,16 +109,6 @@ def all_reduce_coalesced(
         copy_back()
         return None
     return _join([h for h in handles if h is not None], copy_back, list(tensors))
-
-
-@overload
-def reduce_scatter_coalesced(
-    outputs: Sequence[torch.Tensor],
-    inputs: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
 
 
 @overload

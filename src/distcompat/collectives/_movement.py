@@ -35,16 +35,6 @@ def broadcast(
     tensor: torch.Tensor,
     src: int | None = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-    group_src: int | None = ...,
-) -> None: ...
-
-
-@overload
-def broadcast(
-    tensor: torch.Tensor,
-    src: int | None = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
     group_src: int | None = ...,
@@ -111,15 +101,6 @@ def all_gather(
     tensor_list: list[torch.Tensor],
     tensor: torch.Tensor,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def all_gather(
-    tensor_list: list[torch.Tensor],
-    tensor: torch.Tensor,
-    group: Any = ...,
     *,
     async_op: Literal[True],
 ) -> CompatWork: ...
@@ -169,15 +150,6 @@ def all_gather(
         chain(*(finish for _, finish in staged)),
         async_op,
     )
-
-
-@overload
-def all_gather_into_tensor(
-    output_tensor: torch.Tensor,
-    input_tensor: torch.Tensor,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
 
 
 @overload

@@ -310,14 +310,6 @@ def batch_isend_irecv(p2p_op_list: Sequence[Any]) -> list[CompatWork]:
 @overload
 def barrier(
     group: Any = ...,
-    async_op: Literal[False] = ...,
-    device_ids: list[int] | None = ...,
-) -> None: ...
-
-
-@overload
-def barrier(
-    group: Any = ...,
     *,
     async_op: Literal[True],
     device_ids: list[int] | None = ...,

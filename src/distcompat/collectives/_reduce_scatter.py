@@ -103,16 +103,6 @@ def reduce_scatter_tensor(
     input: torch.Tensor,
     op: Any = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def reduce_scatter_tensor(
-    output: torch.Tensor,
-    input: torch.Tensor,
-    op: Any = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
 ) -> CompatWork: ...
@@ -159,16 +149,6 @@ def reduce_scatter_tensor(
     verify("reduce_scatter_tensor", input, group, reduce_op=op)
     flat = stage_input(input, plan).reshape(-1)
     return _reduce_scatter_flat(output, flat, plan, group, world_size, async_op)
-
-
-@overload
-def reduce_scatter(
-    output: torch.Tensor,
-    input_list: Sequence[torch.Tensor],
-    op: Any = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
 
 
 @overload

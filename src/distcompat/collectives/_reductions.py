@@ -38,15 +38,6 @@ def all_reduce(
     tensor: torch.Tensor,
     op: Any = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-) -> None: ...
-
-
-@overload
-def all_reduce(
-    tensor: torch.Tensor,
-    op: Any = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
 ) -> CompatWork: ...
@@ -97,17 +88,6 @@ def all_reduce(
     else:
         transport = lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a)  # noqa: E731
     return issue("all_reduce", transport, group, [tensor], settle, async_op)
-
-
-@overload
-def reduce(
-    tensor: torch.Tensor,
-    dst: int | None = ...,
-    op: Any = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-    group_dst: int | None = ...,
-) -> None: ...
 
 
 @overload

@@ -31,17 +31,6 @@ def gather(
     gather_list: list[torch.Tensor] | None = ...,
     dst: int | None = ...,
     group: Any = ...,
-    async_op: Literal[False] = ...,
-    group_dst: int | None = ...,
-) -> None: ...
-
-
-@overload
-def gather(
-    tensor: torch.Tensor,
-    gather_list: list[torch.Tensor] | None = ...,
-    dst: int | None = ...,
-    group: Any = ...,
     *,
     async_op: Literal[True],
     group_dst: int | None = ...,
@@ -100,17 +89,6 @@ def gather(
         finish,
         async_op,
     )
-
-
-@overload
-def scatter(
-    tensor: torch.Tensor,
-    scatter_list: Sequence[torch.Tensor] | None = ...,
-    src: int | None = ...,
-    group: Any = ...,
-    async_op: Literal[False] = ...,
-    group_src: int | None = ...,
-) -> None: ...
 
 
 @overload
