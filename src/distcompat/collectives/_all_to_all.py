@@ -84,16 +84,9 @@ def all_to_all_single(
     )
     wire, copy_back = stage_output(output)
     source = stage_input(input)
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(
-            wire, source, output_split_sizes, input_split_sizes, group=group, async_op=a
-        ),
-        group,
-        [output],
-        copy_back,
-        async_op,
-    )
+    splits = output_split_sizes, input_split_sizes
+    transport = lambda a: dist.all_to_all_single(wire, source, *splits, group=group, async_op=a)  # noqa: E731
+    return issue("all_to_all_single", transport, group, [output], copy_back, async_op)
 
 
 @overload
@@ -162,13 +155,9 @@ def all_to_all(
         for _, finish in staged:
             finish()
 
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(
+    def transport(a: bool) -> Any:
+        return dist.all_to_all_single(
             flat_out, flat_in, out_splits, in_splits, group=group, async_op=a
-        ),
-        group,
-        output_tensor_list,
-        unpack,
-        async_op,
-    )
+        )
+
+    return issue("all_to_all_single", transport, group, output_tensor_list, unpack, async_op)

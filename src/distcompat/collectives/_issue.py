@@ -10,12 +10,11 @@ op completes::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import raise_typed
-from distcompat.collectives._wire import Finish
+from distcompat.collectives._wire import Finish, Transport
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.agree import _state, wait_answering
 
@@ -24,7 +23,7 @@ __all__ = ["issue"]
 
 def issue(
     op: str,
-    call: Callable[[bool], Any] | None,
+    call: Transport | None,
     group: Any,
     result: Any,
     finish: Finish | None,

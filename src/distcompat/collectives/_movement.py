@@ -23,7 +23,7 @@ from distcompat.collectives._group import group_rank_of, group_size, root_kwargs
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._uneven import all_gather_rows
-from distcompat.collectives._wire import chain, stage_input, stage_output
+from distcompat.collectives._wire import Transport, chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
@@ -75,25 +75,14 @@ def broadcast(
     verify("broadcast", tensor, group, root=src if group_src is None else group_src)
     wire, copy_back = stage_output(tensor, fill=True)
     engine = shm.engine_for(group, "broadcast", wire)
+    transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
         flat, at = wire.view(-1), group_rank_of(group, src, group_src)
-        return issue(
-            "broadcast",
-            lambda a: engine.run("broadcast", engine.broadcast(flat, at), a),
-            group,
-            [tensor],
-            copy_back,
-            async_op,
-        )
-    root = root_kwargs("src", src, group_src)
-    return issue(
-        "broadcast",
-        lambda a: dist.broadcast(wire, group=group, async_op=a, **root),
-        group,
-        [tensor],
-        copy_back,
-        async_op,
-    )
+        transport = lambda a: engine.run("broadcast", engine.broadcast(flat, at), a)  # noqa: E731
+    else:
+        root = root_kwargs("src", src, group_src)
+        transport = lambda a: dist.broadcast(wire, group=group, async_op=a, **root)  # noqa: E731
+    return issue("broadcast", transport, group, [tensor], copy_back, async_op)
 
 
 @overload
@@ -142,13 +131,9 @@ def all_gather(
     staged = [stage_output(out) for out in tensor_list]
     wires = [wire for wire, _ in staged]
     source = stage_input(tensor)
+    transport = lambda a: dist.all_gather(wires, source, group=group, async_op=a)  # noqa: E731
     return issue(
-        "all_gather",
-        lambda a: dist.all_gather(wires, source, group=group, async_op=a),
-        group,
-        tensor_list,
-        chain(*(finish for _, finish in staged)),
-        async_op,
+        "all_gather", transport, group, tensor_list, chain(*(f for _, f in staged)), async_op
     )
 
 
@@ -207,21 +192,11 @@ def all_gather_into_tensor(
     # Flat views only where needed: each view costs 1-3 us, the op's whole Python budget.
     source = source if source.dim() == 1 else source.reshape(-1)
     out_flat = wire if wire.dim() == 1 else wire.view(-1)
-    engine = shm.engine_for(group, "all_gather_into_tensor", out_flat)
+    op = "all_gather_into_tensor"
+    engine = shm.engine_for(group, op, out_flat)
+    transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
-        return issue(
-            "all_gather_into_tensor",
-            lambda a: engine.run("all_gather_into_tensor", engine.all_gather(out_flat, source), a),
-            group,
-            [output_tensor],
-            copy_back,
-            async_op,
-        )
-    return issue(
-        "all_gather_into_tensor",
-        lambda a: all_gather_flat(out_flat, source, group=group, async_op=a),
-        group,
-        [output_tensor],
-        copy_back,
-        async_op,
-    )
+        transport = lambda a: engine.run(op, engine.all_gather(out_flat, source), a)  # noqa: E731
+    else:
+        transport = lambda a: all_gather_flat(out_flat, source, group=group, async_op=a)  # noqa: E731
+    return issue(op, transport, group, [output_tensor], copy_back, async_op)

@@ -64,7 +64,7 @@ class NoPeerError(ValueError):
     """A point-to-point op was called where there is no other rank to talk to."""
 
 
-def _needroot_kwargs(group: Any, op: str) -> None:
+def _needs_peer(group: Any, op: str) -> None:
     if group_size(group) == 1:
         raise NoPeerError(f"{op} needs another rank, but the world size is 1 (or no group exists)")
 
@@ -150,7 +150,7 @@ def send(
     On gloo it returns once ``dst`` has posted the matching receive; past the group's timeout it
     raises :class:`CollectiveTimeoutError` naming ``dst``.
     """
-    _needroot_kwargs(group, "send")
+    _needs_peer(group, "send")
     wire = _send_wire(tensor, group)
     peer = root_kwargs("dst", dst, group_dst)
     _blocking(
@@ -174,7 +174,7 @@ def recv(
 
     Past the group's timeout it raises :class:`CollectiveTimeoutError` naming ``src``.
     """
-    _needroot_kwargs(group, "recv")
+    _needs_peer(group, "recv")
     wire, copy_back = _recv_wire(tensor, group)
     peer = root_kwargs("src", src, group_src)
     sender = _blocking(
@@ -197,7 +197,7 @@ def isend(
     group_dst: int | None = None,
 ) -> CompatWork:
     """Start sending ``tensor`` to ``dst``; the handle's future works on every backend."""
-    _needroot_kwargs(group, "isend")
+    _needs_peer(group, "isend")
     wire = _send_wire(tensor, group)
     with typed_errors("isend", group):
         work = dist.isend(wire, group=group, tag=tag, **root_kwargs("dst", dst, group_dst))
@@ -213,7 +213,7 @@ def irecv(
     group_src: int | None = None,
 ) -> CompatWork:
     """Start receiving into ``tensor``; ``wait()`` on the handle is safe to repeat."""
-    _needroot_kwargs(group, "irecv")
+    _needs_peer(group, "irecv")
     wire, copy_back = _recv_wire(tensor, group)
     with typed_errors("irecv", group):
         work = dist.irecv(wire, group=group, tag=tag, **root_kwargs("src", src, group_src))
@@ -289,7 +289,7 @@ def batch_isend_irecv(p2p_op_list: Sequence[Any]) -> list[CompatWork]:
     if bad:
         raise TypeError(f"batch_isend_irecv takes P2POp objects, got {', '.join(bad)}")
     group = ops[0].group
-    _needroot_kwargs(group, "batch_isend_irecv")
+    _needs_peer(group, "batch_isend_irecv")
     staged = [_staged(op) for op in ops]
     with typed_errors("batch_isend_irecv", group):
         works = dist.batch_isend_irecv([native for native, _ in staged])
@@ -336,11 +336,5 @@ def barrier(
     if group_size(group) == 1:
         return done_if_async(None, async_op)
     verify("barrier", None, group)
-    return issue(
-        "barrier",
-        lambda a: dist.barrier(group=group, async_op=a, device_ids=device_ids),
-        group,
-        None,
-        None,
-        async_op,
-    )
+    transport = lambda a: dist.barrier(group=group, async_op=a, device_ids=device_ids)  # noqa: E731
+    return issue("barrier", transport, group, None, None, async_op)

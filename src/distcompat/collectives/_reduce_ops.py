@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +31,13 @@ from distcompat.collectives._wire import (
     REDUCE_NATIVE,
     REINTERPRET,
     Finish,
+    Transport,
     UnsupportedCollectiveError,
 )
 
 __all__ = [
     "PROBED_COLLECTIVES",
     "ReducePlan",
-    "Transport",
     "by_gathering",
     "local_reduce",
     "plan_call",
@@ -47,8 +47,6 @@ __all__ = [
 ]
 
 R = dist.ReduceOp
-#: What a route hands ``issue``: starts the transport (``async_op`` in), returns its Work or None.
-Transport = Callable[[bool], Any]
 _UPCAST: dict[torch.dtype, torch.dtype] = {
     torch.int16: torch.int32,
     torch.uint16: torch.int32,

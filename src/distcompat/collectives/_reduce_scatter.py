@@ -24,7 +24,7 @@ from distcompat.collectives._group import backend_for, group_size
 from distcompat.collectives._issue import issue
 from distcompat.collectives._native import reduce_scatter_flat
 from distcompat.collectives._reduce_ops import ReducePlan, local_reduce, plan_call
-from distcompat.collectives._wire import scale, stage_input, stage_reduction
+from distcompat.collectives._wire import Transport, scale, stage_input, stage_reduction
 from distcompat.collectives._work import CompatWork, done_if_async
 from distcompat.collectives.shm import _path as shm
 
@@ -52,49 +52,30 @@ def _reduce_scatter_flat(
 ) -> CompatWork | None:
     """Reduce-scatter a flat wire input (already premultiplied) into ``output``."""
     wire, settle = stage_reduction(output, plan, in_place=False)
-    out_flat = wire.view(-1)
-    engine = (
-        shm.engine_for(group, "reduce_scatter_tensor", flat_input)
-        if shm.reduces(plan.op, flat_input.dtype) and not plan.gather
-        else None
-    )
+    out_flat, op = wire.view(-1), "reduce_scatter_tensor"
+    engine = None
+    if shm.reduces(plan.op, flat_input.dtype) and not plan.gather:
+        engine = shm.engine_for(group, op, flat_input)
+    transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
-        return issue(
-            "reduce_scatter_tensor",
-            lambda a: engine.run(
-                "reduce_scatter_tensor", engine.reduce_scatter(out_flat, flat_input, plan.op), a
-            ),
-            group,
-            [output],
-            settle,
-            async_op,
-        )
-    if backend_for(group, output.device) == "nccl" and not plan.gather:
-        return issue(
-            "reduce_scatter_tensor",
-            lambda a: reduce_scatter_flat(
-                out_flat, flat_input, op=plan.op, group=group, async_op=a
-            ),
-            group,
-            [output],
-            settle,
-            async_op,
-        )
-    received = torch.empty_like(flat_input)  # row r: rank r's chunk for this rank
+        call = engine.reduce_scatter(out_flat, flat_input, plan.op)
+        transport = lambda a: engine.run(op, call, a)  # noqa: E731
+    elif backend_for(group, output.device) == "nccl" and not plan.gather:
 
-    def combine() -> None:
-        out_flat.copy_(local_reduce(received.view(world_size, -1), plan.op))
-        if settle is not None:
-            settle()
+        def transport(a: bool) -> Any:
+            return reduce_scatter_flat(out_flat, flat_input, op=plan.op, group=group, async_op=a)
 
-    return issue(
-        "all_to_all_single",
-        lambda a: dist.all_to_all_single(received, flat_input, group=group, async_op=a),
-        group,
-        [output],
-        combine,
-        async_op,
-    )
+    else:  # an all-to-all of the chunks, then the same reduction here
+        op, received = "all_to_all_single", torch.empty_like(flat_input)  # row r: rank r's chunk
+        transport = lambda a: dist.all_to_all_single(received, flat_input, group=group, async_op=a)  # noqa: E731
+
+        def combine() -> None:
+            out_flat.copy_(local_reduce(received.view(world_size, -1), plan.op))
+            if settle is not None:
+                settle()
+
+        return issue(op, transport, group, [output], combine, async_op)
+    return issue(op, transport, group, [output], settle, async_op)
 
 
 @overload

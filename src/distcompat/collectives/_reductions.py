@@ -23,8 +23,8 @@ from distcompat.collectives._checked import verify
 from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size, is_root, root_kwargs
 from distcompat.collectives._issue import issue
-from distcompat.collectives._reduce_ops import Transport, by_gathering, plan_call
-from distcompat.collectives._wire import stage_input, stage_reduction
+from distcompat.collectives._reduce_ops import by_gathering, plan_call
+from distcompat.collectives._wire import Transport, stage_input, stage_reduction
 from distcompat.collectives._work import CompatWork
 from distcompat.collectives.shm import _path as shm
 
@@ -152,11 +152,5 @@ def reduce(
         wire, settle = stage_input(tensor, plan), None
         if wire.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
             wire = wire.clone()  # the backend scribbles on non-destination buffers
-    return issue(
-        "reduce",
-        lambda a: dist.reduce(wire, op=plan.op, group=group, async_op=a, **target),
-        group,
-        [tensor],
-        settle,
-        async_op,
-    )
+    transport = lambda a: dist.reduce(wire, op=plan.op, group=group, async_op=a, **target)  # noqa: E731
+    return issue("reduce", transport, group, [tensor], settle, async_op)

@@ -81,14 +81,8 @@ def gather(
         finish = chain(*(step for _, step in staged))
     else:
         wires, finish = None, None
-    return issue(
-        "gather",
-        lambda a: dist.gather(source, wires, group=group, async_op=a, **root),
-        group,
-        gather_list,
-        finish,
-        async_op,
-    )
+    transport = lambda a: dist.gather(source, wires, group=group, async_op=a, **root)  # noqa: E731
+    return issue("gather", transport, group, gather_list, finish, async_op)
 
 
 @overload
@@ -144,11 +138,5 @@ def scatter(
         if scatter_list is None or len(scatter_list) != world_size:
             raise ValueError(f"the source needs a scatter_list of {world_size} tensors")
         sources = [stage_input(item) for item in scatter_list]
-    return issue(
-        "scatter",
-        lambda a: dist.scatter(wire, sources, group=group, async_op=a, **root),
-        group,
-        [tensor],
-        copy_back,
-        async_op,
-    )
+    transport = lambda a: dist.scatter(wire, sources, group=group, async_op=a, **root)  # noqa: E731
+    return issue("scatter", transport, group, [tensor], copy_back, async_op)

@@ -40,6 +40,7 @@ __all__ = [
     "REINTERPRET",
     "Finish",
     "PlanSteps",
+    "Transport",
     "UnsupportedCollectiveError",
     "chain",
     "scale",
@@ -49,6 +50,8 @@ __all__ = [
 ]
 
 Finish = Callable[[], None]
+#: What a route hands ``issue()``: starts the transport (``async_op`` in), returns its Work.
+Transport = Callable[[bool], Any]
 
 #: dtypes every backend reduces natively (MPI lacks half types: the probe will say so later).
 REDUCE_NATIVE: frozenset[torch.dtype] = frozenset(
