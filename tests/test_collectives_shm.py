@@ -317,6 +317,24 @@ def test_distcompat_shm_off_keeps_gloo_and_says_so() -> None:
     assert "DISTCOMPAT_SHM=off" in plan
 
 
+def _explained_reductions() -> list[str]:
+    from distcompat.collectives import explain_collective
+
+    configure(mode="on")
+    torch.distributed.all_reduce(torch.ones(1))  # the group's path is set up by its first call
+    dtypes = (torch.bool, torch.int16, torch.complex64, torch.float32)
+    paths = [explain_collective("all_reduce", torch.ones(4, dtype=d)).path for d in dtypes]
+    configure()
+    return paths
+
+
+def test_explain_names_shared_memory_for_the_dtype_a_reduction_runs_in() -> None:
+    """bool runs as 0/1 bytes, int16 as int32, complex as its real view: the path reduces each
+    (it reduces no bool, so asking about the caller's dtype would say it does not)."""
+    for paths in run_on_ranks(_explained_reductions, 2):
+        assert all(path.startswith("shared memory") for path in paths), paths
+
+
 def _ddp_with_the_hook() -> tuple[list[list[float]], int]:
     """A DDP model whose gradient buckets go through the hook, on the shared-memory path."""
     import distcompat.distributed as dist

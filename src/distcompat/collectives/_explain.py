@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 
 from distcompat.collectives._group import backend_for, group_size
-from distcompat.collectives._reduce_ops import plan_call, upcast_dtype
-from distcompat.collectives._wire import MOVE_NATIVE
+from distcompat.collectives._reduce_ops import ReducePlan, plan_call
+from distcompat.collectives._wire import MOVE_NATIVE, stage_input
 from distcompat.collectives.shm import _path as shm
 
 __all__ = ["CollectivePlan", "explain_collective"]
@@ -86,8 +86,8 @@ def explain_collective(
     if layout:
         steps.append("staging: a contiguous temporary, copied back into the caller's tensor")
     decided_by = "plan correct on every backend (group not probed: distcompat.capabilities)"
-    if reducing:
-        plan = plan_call(op, tensor, group, world_size, collective)  # what the call itself plans
+    plan = plan_call(op, tensor, group, world_size, collective) if reducing else None
+    if plan is not None:  # what the call itself plans
         if plan.shim:
             steps.append(plan.shim)
         if plan.source:
@@ -102,23 +102,15 @@ def explain_collective(
         steps.append("uneven-all-to-all-as-one-all-to-all-single")
     path = ""
     if collective in shm.WIRED and tensor.device.type == "cpu":
-        kind = plan_call(op, tensor, group, world_size, collective).op if reducing else None
-        path = _path(collective, tensor, kind, group, backend)
+        path = _path(collective, tensor, plan, group, backend)
         if path.startswith("shared memory"):  # the group's backend is not used for this call
             steps = [step for step in steps if not step.startswith("reduce-scatter-as-all-to")]
     return CollectivePlan(collective, what, backend, world_size, tuple(steps), decided_by, path)
 
 
-def _wire_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Return the dtype a reduction of ``dtype`` runs in (``_wire``'s staging)."""
-    if dtype == torch.bool:
-        return torch.uint8
-    if dtype.is_complex:
-        return torch.view_as_real(torch.empty(0, dtype=dtype)).dtype
-    return upcast_dtype(dtype) or dtype
-
-
-def _path(collective: str, tensor: torch.Tensor, kind: Any, group: Any, backend: str) -> str:
+def _path(
+    collective: str, tensor: torch.Tensor, plan: ReducePlan | None, group: Any, backend: str
+) -> str:
     """Say whether the call goes through shared memory or ``backend``, and why."""
     status = shm.status(group)
     if not status.engaged:
@@ -129,6 +121,7 @@ def _path(collective: str, tensor: torch.Tensor, kind: Any, group: Any, backend:
             f"{backend}: {tensor.nbytes} bytes is below the {floor:.0f} bytes from which shared "
             "memory measured faster for this op (DISTCOMPAT_SHM=on sends it anyway)"
         )
-    if kind is not None and not shm.reduces(kind, _wire_dtype(tensor.dtype)):
+    # the dtype the reduction runs in: what the call's own staging makes of an empty tensor
+    if plan is not None and not shm.reduces(plan.op, stage_input(tensor.new_empty(0), plan).dtype):
         return f"{backend}: shared memory does not reduce {tensor.dtype} with this op"
     return f"shared memory: {status.reason}"
