@@ -1,7 +1,9 @@
 """A script that succeeds and returns without ``destroy_distributed()``: run by test_process_group.
 
 It waits on a few async all_reduce and reduce_scatter_tensor futures, as a ZeRO-style optimizer
-does, then simply ends. Its process must exit 0 (issue 28: it ended in SIGABRT 3-5 times in 10).
+does, then simply ends. Its process must exit 0 (issue 28: it ended in SIGABRT 3-5 times in 10),
+and distcompat's at-exit teardown must have destroyed the group: a hook registered before init
+runs after it and prints ``AT_EXIT <rank> group gone``.
 
 With ``--freed`` it makes an optimizer after init (``torch.optim`` imports
 ``torch.distributed.nn.functional``, whose defaults once kept the group), destroys the group and
@@ -10,6 +12,8 @@ prints ``FREED <rank> <whether the group object is gone>``.
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 import weakref
 
@@ -19,8 +23,14 @@ import torch.distributed as dist
 import distcompat
 
 
+def _after_teardown(rank: int) -> None:
+    """Registered before init: runs after distcompat's at-exit teardown (last in, first out)."""
+    print("AT_EXIT", rank, "group up" if dist.is_initialized() else "group gone", flush=True)
+
+
 def main() -> None:
     """Wait on async futures, print, and return with the group still up."""
+    atexit.register(_after_teardown, int(os.environ["RANK"]))
     info = distcompat.init_distributed(device="cpu")
     if "--freed" in sys.argv:
         freed(info.rank)

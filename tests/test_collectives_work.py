@@ -213,7 +213,7 @@ def test_lost_and_stuck_peers_raise_typed_errors(
     record = tmp_path / "seen"
     victim = world_size - 1
     with pytest.raises((RankFailedError, RankTimeoutError)):  # the victim died or hung, by design
-        run_on_ranks(_survivor_sees, world_size, args=(fault, str(record)), timeout=15)
+        run_on_ranks(_survivor_sees, world_size, args=(fault, str(record)), timeout=8)
     for rank in range(victim):
         seen = json.loads((tmp_path / f"seen.rank{rank}").read_text())
         assert seen["error"] == error
