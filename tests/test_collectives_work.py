@@ -171,6 +171,8 @@ def _survivor_sees(fault: str, record: str) -> None:
         dist.all_reduce(torch.ones(1 << 16), group=group)
     dist.barrier(group=group)
     if rank == world - 1:
+        with open(f"{record}.pid", "w") as out:
+            out.write(str(os.getpid()))
         time.sleep(0.3)  # let the others enter the collective first
         os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
         time.sleep(60)
@@ -190,6 +192,14 @@ def _survivor_sees(fault: str, record: str) -> None:
     seen["after_s"] = time.monotonic() - started
     with open(f"{record}.rank{rank}", "w") as out:
         json.dump(seen, out)
+    if fault == "stop" and rank == 0:  # end the stopped rank, so the test need not wait for it
+        deadline = time.monotonic() + 10  # once every survivor has seen the timeout
+        while time.monotonic() < deadline and not all(
+            os.path.exists(f"{record}.rank{r}") for r in range(world - 1)
+        ):
+            time.sleep(0.05)
+        with open(f"{record}.pid") as pid:
+            os.kill(int(pid.read()), signal.SIGKILL)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
@@ -213,7 +223,7 @@ def test_lost_and_stuck_peers_raise_typed_errors(
     record = tmp_path / "seen"
     victim = world_size - 1
     with pytest.raises((RankFailedError, RankTimeoutError)):  # the victim died or hung, by design
-        run_on_ranks(_survivor_sees, world_size, args=(fault, str(record)), timeout=8)
+        run_on_ranks(_survivor_sees, world_size, args=(fault, str(record)), timeout=15)
     for rank in range(victim):
         seen = json.loads((tmp_path / f"seen.rank{rank}").read_text())
         assert seen["error"] == error
