@@ -83,6 +83,21 @@ def test_pool_is_reused_between_calls() -> None:
     assert first == second
 
 
+def test_world_sizes_one_to_four_stay_warm_together(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls that alternate world sizes 1-4 keep every pool's processes. Past the limit (lowered
+    here to 7 ranks, so that no larger pool is started) the least recently used pools close."""
+    from distcompat.testing import _pool
+
+    def pids() -> dict[int, list[int]]:
+        return {world: [r[2] for r in run_on_ranks(_identity, world)] for world in (1, 2, 3, 4)}
+
+    assert pids() == pids()  # used last: 4; least recently: 1
+    monkeypatch.setattr(_pool, "_MAX_WARM_RANKS", 7)
+    _pool._pools.pop((1, "gloo")).close()
+    run_on_ranks(_identity, 1)  # 2 + 3 + 4 + 1 > 7: the pools of 2, then 3 are closed
+    assert sorted(world for world, _ in _pool._pools) == [1, 4]
+
+
 def test_raising_rank_names_rank_and_traceback() -> None:
     before = [r[2] for r in run_on_ranks(_identity, 2)]
     with pytest.raises(RankFailedError) as info:

@@ -41,8 +41,11 @@ __all__ = ["RankFailedError", "RankTimeoutError", "WorkerPool", "get_pool", "shu
 _ERROR_GRACE_S = 2.0
 #: How long a signalled rank gets to write its stacks before it is killed.
 _STACK_DUMP_S = 0.5
-#: Warm pools kept at once; the least recently used one is closed beyond this.
-_MAX_POOLS = 2
+#: Warm rank processes kept at once, over all pools (each holds torch: about 230 MB resident);
+#: the least recently used pools are closed beyond this. Ten keeps world sizes 1 to 4 warm
+#: together: with two pools at most, a suite that alternates three world sizes restarted a pool
+#: on most calls (47 pool starts in this project's suite, about 3 s each on 2 cores).
+_MAX_WARM_RANKS = 10
 
 
 class RankFailedError(RuntimeError):
@@ -319,7 +322,7 @@ def get_pool(world_size: int, backend: str, group_timeout_s: float) -> WorkerPoo
         pool.close(kill=True)
         del _pools[key]
     check_main_guard()  # a script without the guard would start ranks from every rank
-    while len(_pools) >= _MAX_POOLS:
+    while _pools and sum(p.world_size for p in _pools.values()) + world_size > _MAX_WARM_RANKS:
         _, oldest = _pools.popitem(last=False)
         oldest.close()
     if not _atexit_registered:
