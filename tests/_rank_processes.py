@@ -11,6 +11,7 @@ process per rank joining a gloo group through this process's ``TCPStore``::
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,3 +87,15 @@ def run_ranks(
             Ended(rank, None if killed else proc.returncode, out, err, ended.get(rank, time.time()))
         )
     return results
+
+
+def end_stopped_rank(pid: int, record: str, survivors: int) -> None:
+    """Kill the SIGSTOPped rank ``pid`` once ranks ``0..survivors-1`` wrote ``<record>.rank<r>``
+    (at most 10 s on): run on a surviving rank, so that ``run_on_ranks`` need not wait out its
+    timeout for a rank that never answers."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(
+        os.path.exists(f"{record}.rank{r}") for r in range(survivors)
+    ):
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)

@@ -26,7 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from _rank_processes import run_ranks
+from _rank_processes import end_stopped_rank, run_ranks
 from distcompat.collectives.shm import Engine
 from distcompat.collectives.shm import _path as shm
 from distcompat.collectives.shm._segment import SHM_DIR, Segment, sweep_leftovers
@@ -181,14 +181,9 @@ def _fault(fault: str, record: str) -> None:
     with open(f"{record}.rank{rank}", "w") as out:
         json.dump(seen, out)
     if fault == "stop" and rank == 0:  # end the stopped rank, so the test need not wait for it
-        deadline = time.monotonic() + 10  # once every survivor has seen the timeout
-        while time.monotonic() < deadline and not all(
-            os.path.exists(f"{record}.rank{r}") for r in range(world - 1)
-        ):
-            time.sleep(0.05)
         engine = shm._groups[group]
         assert isinstance(engine, Engine)
-        os.kill(engine.barrier.peers[world - 1][1].pid, signal.SIGKILL)
+        end_stopped_rank(engine.barrier.peers[world - 1][1].pid, record, world - 1)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import distcompat.distributed as dist
+from _rank_processes import end_stopped_rank
 from distcompat.collectives import CompatWork
 from distcompat.testing import run_on_ranks
 
@@ -193,13 +194,8 @@ def _survivor_sees(fault: str, record: str) -> None:
     with open(f"{record}.rank{rank}", "w") as out:
         json.dump(seen, out)
     if fault == "stop" and rank == 0:  # end the stopped rank, so the test need not wait for it
-        deadline = time.monotonic() + 10  # once every survivor has seen the timeout
-        while time.monotonic() < deadline and not all(
-            os.path.exists(f"{record}.rank{r}") for r in range(world - 1)
-        ):
-            time.sleep(0.05)
         with open(f"{record}.pid") as pid:
-            os.kill(int(pid.read()), signal.SIGKILL)
+            end_stopped_rank(int(pid.read()), record, world - 1)
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
