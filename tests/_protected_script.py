@@ -97,7 +97,9 @@ def load(rank: int, directory: str) -> None:
 
 
 def fsdp(rank: int) -> None:
-    """Four FSDP2 steps on a 3-layer MLP; print each step's loss."""
+    """Four FSDP2 steps on a 3-layer MLP with gradient clipping; print each step's loss, then
+    the digest and sum of the full state dict (a functional all-gather per parameter)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
@@ -113,10 +115,53 @@ def fsdp(rank: int) -> None:
         x = torch.linspace(-1, 1, 32).view(4, 8) * (rank + 1 + step)
         loss = model(x).square().mean()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
     print(f"rank {rank}: fsdp losses {losses!r}", flush=True)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)
+    values = [full[name] for name in sorted(full)] if rank == 0 else []  # offloaded to rank 0
+    total = sum(float(v.double().sum()) for v in values)
+    print(f"rank {rank}: fsdp state {_digest(values)} {total!r}", flush=True)
+
+
+def functional(rank: int, iterations: int) -> None:
+    """The issue-40 mixes that hung: distcompat all_reduces (sync and async, waited late) between
+    functional all-gathers, reduce-scatters and all-reduces; rank 1 comes 7 s late to one
+    all-gather (``STALL``). Prints a digest of every result."""
+    import torch.distributed._functional_collectives as fc
+
+    group, world = tdist.group.WORLD, dist.get_world_size()
+    assert group is not None
+    results: list[torch.Tensor] = []
+    for i in range(iterations):
+        total = torch.full((8,), float(rank + i))
+        dist.all_reduce(total)
+        if rank == 1 and i == 3 and os.environ.get("STALL") == "1":
+            time.sleep(7)  # the late line the report must name
+        gathered = fc.all_gather_tensor(torch.full((4,), float(rank * i)), 0, group)
+        summed = fc.all_reduce(torch.full((3,), float(rank - i)), "sum", group)
+        late = torch.full((5,), float(i))
+        handle = dist.all_reduce(late, async_op=True)
+        scattered = fc.reduce_scatter_tensor(
+            torch.arange(4.0 * world) * (rank + 1) + i, "sum", 0, group
+        )
+        assert handle is not None
+        handle.wait()
+        results += [total, gathered.wait(), summed.wait(), late, scattered.wait()]
+    print(f"rank {rank}: functional {_digest(results)}", flush=True)
+
+
+def _digest(tensors: list[torch.Tensor]) -> str:
+    """A digest of the tensors' bytes: equal digests mean bitwise equal results."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        digest.update(tensor.detach().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def main() -> None:
@@ -135,6 +180,8 @@ def main() -> None:
         load(rank, sys.argv[2])
     elif scenario == "fsdp":
         fsdp(rank)
+    elif scenario == "functional":
+        functional(rank, int(sys.argv[2]))
     dist.destroy_process_group()
 
 

@@ -21,7 +21,7 @@ from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
 from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce
-from distcompat.collectives._work import CompatWork, done_if_async, future_for
+from distcompat.collectives._work import CompatWork, done_if_async, joined
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]
 
@@ -44,25 +44,6 @@ def _unflatten_into(
         pieces = torch.split(flat, [targets[i].numel() for i in bucket])
         for i, piece in zip(bucket, pieces, strict=True):
             targets[i].copy_(piece.view(targets[i].shape))
-
-
-def _join(handles: list[CompatWork], finish: Any, result: Any) -> CompatWork:
-    """One handle that completes when every bucket's handle has, then runs ``finish``."""
-    future = future_for(result)
-
-    def complete(done: torch.futures.Future[Any]) -> None:
-        try:
-            for part in done.wait():
-                part.wait()  # raises the first bucket's error
-            finish()
-        except BaseException as exc:
-            future.set_exception(exc)
-        else:
-            future.set_result(result)
-
-    torch.futures.collect_all([h.get_future() for h in handles]).add_done_callback(complete)
-    strategy = "native" if all(h.strategy == "native" for h in handles) else handles[0].strategy
-    return CompatWork(future, strategy, handles)
 
 
 @overload
@@ -108,7 +89,7 @@ def all_reduce_coalesced(
     if not async_op:
         copy_back()
         return None
-    return _join([h for h in handles if h is not None], copy_back, list(tensors))
+    return joined([h for h in handles if h is not None], copy_back, list(tensors))
 
 
 @overload
@@ -183,4 +164,4 @@ def reduce_scatter_coalesced(
     if not async_op:
         copy_back()
         return None
-    return _join([h for h in handles if h is not None], copy_back, list(outputs))
+    return joined([h for h in handles if h is not None], copy_back, list(outputs))

@@ -15,10 +15,12 @@ names the factory), so DDP and FSDP2 use it unchanged::
                                                           # through shared memory on one machine
 
 A distcompat collective called on the group does its work once: it is an ``entry``
-(``_entry``), and the backend calls it makes on the group go straight to the backend. The
-methods C++ calls without the trampoline (``_allgather_base`` and ``_reduce_scatter_base``,
-which functional collectives reach from C++) go to the backend, registered as the group's CPU
-backend: they work, unprotected.
+(``_entry``), and the backend calls it makes on the group go straight to the backend. The group
+defines every method torch's trampoline offers to Python (functional collectives reach
+``all_gather_single_coalesced`` and ``reduce_scatter_single_coalesced``): one left undefined
+would be issued by torch's fallback with the GIL held, which deadlocks with gloo's worker. The
+methods C++ calls without a trampoline go to the backend, registered as the group's CPU backend:
+they work, unprotected.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from distcompat.collectives._p2p import barrier, irecv, isend
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
 from distcompat.collectives._rooted import gather, scatter
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, joined
 
 __all__ = ["BACKEND", "GroupWork", "ProtectedGroup", "make_group", "register"]
 
@@ -145,6 +147,19 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
     return GroupWork(handle, outputs)
 
 
+def _one(handles: list[CompatWork | None], outputs: Any) -> CompatWork:
+    """One handle over a coalesced call's async collectives (each returns a handle)."""
+    present = [h for h in handles if h is not None]
+    assert len(present) == len(handles), "an async distcompat collective returns a handle"
+    return present[0] if len(present) == 1 else joined(present, None, outputs)
+
+
+def _backend_work(issued: list[tuple[Any, torch.Tensor]], group: Any, outputs: Any) -> GroupWork:
+    """One Work over backend ops issued inside an entry (a coalesced call's parts)."""
+    parts = [CompatWork.from_work(work, group, [out], None) for work, out in issued]
+    return GroupWork(_one(list(parts), outputs), outputs)
+
+
 class ProtectedGroup(dist.ProcessGroup):
     """A process group whose every collective goes through distcompat; ``backend`` moves the bytes.
 
@@ -212,6 +227,25 @@ class ProtectedGroup(dist.ProcessGroup):
 
     _allgather_base = all_gather_single
 
+    def all_gather_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        """What functional collectives call (``all_gather_tensor``, DTensor, FSDP2's state dict).
+
+        Defined here so that torch's C++ sends it to Python: left to torch's fallback, it is
+        issued with the GIL held, and gloo's worker, which may need the GIL to free the last
+        reference to a finished op while it holds its queue's lock, deadlocks with it.
+        """
+        pairs = list(zip(outputs, inputs, strict=True))
+        if _entry.inside():
+            options = opts or _c10d.AllgatherOptions()
+            issued = [(self.backend._allgather_base(o, i, options), o) for o, i in pairs]
+            return _backend_work(issued, self, outputs)
+        handles = [all_gather_into_tensor(o, i, self, True) for o, i in pairs]
+        return _handed(_one(handles, outputs), outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # its older name: torch asks for either
+
     def gather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
     ) -> Any:
@@ -248,6 +282,21 @@ class ProtectedGroup(dist.ProcessGroup):
         return _handed(reduce_scatter_tensor(output, input, _op(opts), self, True), [output])
 
     _reduce_scatter_base = reduce_scatter_single  # type: ignore[assignment]
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> Any:
+        """What functional collectives call (``reduce_scatter_tensor``); see the all-gather's."""
+        pairs = list(zip(outputs, inputs, strict=True))
+        options = opts or dist.ReduceScatterOptions()
+        if _entry.inside():
+            issued = [(self.backend._reduce_scatter_base(o, i, options), o) for o, i in pairs]
+            return _backend_work(issued, self, outputs)
+        op = _op(options)
+        handles = [reduce_scatter_tensor(o, i, op, self, True) for o, i in pairs]
+        return _handed(_one(handles, outputs), outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its older name
 
     def all_to_all_single(
         self,

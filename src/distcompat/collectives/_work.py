@@ -36,7 +36,7 @@ import torch.distributed as dist
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import translate
 
-__all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async", "future_for"]
+__all__ = ["CompatFuture", "CompatWork", "Strategy", "done_if_async", "future_for", "joined"]
 
 Strategy = Literal["native", "worker", "done"]
 Finish = Callable[[], Any]
@@ -177,6 +177,34 @@ class CompatWork:
 def done_if_async(result: Any, async_op: bool) -> CompatWork | None:
     """Return a completed handle for an op that sent nothing, or None for a sync call."""
     return CompatWork.completed(result) if async_op else None
+
+
+def joined(handles: list[CompatWork], finish: Finish | None, result: Any) -> CompatWork:
+    """One handle that completes once every handle in ``handles`` has, then runs ``finish``.
+
+    Its error is the first failed handle's; ``finish`` runs only when all succeeded.
+
+    Example:
+        >>> parts = [CompatWork.completed([torch.ones(1)]), CompatWork.completed([torch.zeros(1)])]
+        >>> joined(parts, None, "both").get_future().value()
+        'both'
+    """
+    future = future_for(result)
+
+    def complete(done: torch.futures.Future[Any]) -> None:
+        try:
+            for part in done.wait():
+                part.wait()  # raises the first handle's error
+            if finish is not None:
+                finish()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    torch.futures.collect_all([h.get_future() for h in handles]).add_done_callback(complete)
+    strategy = "native" if all(h.strategy == "native" for h in handles) else handles[0].strategy
+    return CompatWork(future, strategy, handles)
 
 
 def _settle(
