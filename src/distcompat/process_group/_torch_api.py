@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from distcompat._ranks import recorded
-from distcompat.launch import LaunchEnv
+from distcompat.launch import LaunchEnv, LaunchEnvError
 from distcompat.launch._placement import choose_timeout
 from distcompat.launch._settings import choose_protection
 from distcompat.process_group._create import _protected_backend
@@ -44,6 +44,25 @@ def _device_for(backend: str | None, device_id: Any) -> str:
     if backend is None or ":" in backend or "," in backend:
         return "auto"
     return _DEVICES.get(str(backend).lower(), "auto")
+
+
+def _launch_env(explicit: bool, rank: int, world_size: int) -> LaunchEnv:
+    """Return the launcher's environment, or none where the caller's own rendezvous overrides it.
+
+    As in torch, explicit arguments beat the environment: a harness that exports ``WORLD_SIZE``
+    but passes each rank its ``rank`` (torch's own tests do) is no launcher error, and a launcher
+    environment whose rank or world size the arguments contradict does not describe this group.
+    """
+    try:
+        launch = LaunchEnv.from_environ()
+    except LaunchEnvError:
+        if not explicit:
+            raise
+        return LaunchEnv.from_environ({})
+    contradicted = (rank >= 0 and rank != launch.rank) or (
+        world_size >= 0 and world_size != launch.world_size
+    )
+    return LaunchEnv.from_environ({}) if explicit and contradicted else launch
 
 
 def init_process_group(
@@ -72,8 +91,8 @@ def init_process_group(
     """
     device = _device_for(backend, device_id)
     request = _normalize(device, backend, timeout)
-    launch = LaunchEnv.from_environ()
     explicit = store is not None or init_method not in (None, "env://") or rank >= 0
+    launch = _launch_env(explicit, rank, world_size)
     if (not explicit and world_size < 0 and launch.is_distributed) or dist.is_initialized():
         _initialize(request, launch, made_by=None)
         return
