@@ -10,8 +10,8 @@ Everything ``torch.distributed`` offers is here (``ReduceOp``, ``new_group``, ``
 :class:`~distcompat.collectives.CompatWork` handles, and ``init_process_group`` /
 ``destroy_process_group`` do what :func:`distcompat.init_distributed` does: the default group is
 distcompat's protected group, so DDP's, FSDP2's and every library's collectives on it are
-checked, watched and typed too (``dist.get_backend()`` names it ``"distcompat"``; it moves the
-bytes with gloo). Names this module does not define are looked up in ``torch.distributed`` on
+checked, watched and typed too (``dist.get_backend()`` names it ``"gloo"``, which moves its
+bytes; torch records it as ``"distcompat"``). Names this module does not define are looked up in ``torch.distributed`` on
 access.
 """
 
@@ -23,7 +23,6 @@ from torch.distributed import (
     ProcessGroup,
     ReduceOp,
     Work,
-    get_backend,
     get_rank,
     get_world_size,
     group,
@@ -43,6 +42,10 @@ if not TYPE_CHECKING:  # at run time, everything else torch.distributed has (ove
     # torch's deprecated alias warns whenever it is touched (even by introspection); leave it to
     # __getattr__, so using it still gets torch's warning.
     globals().pop("reduce_op", None)
+    # Looked up on access: the protected group's registration translates its name (_protected).
+    globals().pop("get_backend", None)
+else:
+    from torch.distributed import get_backend
 
 from distcompat.collectives import (
     CompatWork,

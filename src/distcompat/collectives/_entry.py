@@ -14,7 +14,9 @@ sends it through the same collectives::
         return backend.allreduce(tensors, opts)
 
 The flag is per thread: DDP's reducer may call the group from an autograd thread while the main
-thread is inside a collective of its own.
+thread is inside a collective of its own. An entry also runs with autograd off, as torch's own
+collectives do: DDP with ``create_graph=True`` hands over gradients that require grad, and a
+reduction's ``out=`` arithmetic on them would raise.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import functools
 import threading
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
+
+from torch._C import _set_grad_enabled
+from torch._C import is_grad_enabled as _grad_enabled
 
 __all__ = ["entry", "inside"]
 
@@ -60,9 +65,14 @@ def entry(function: Callable[P, R]) -> Callable[P, R]:
         local = _local
         depth = local.depth
         local.depth = depth + 1
+        grad = _grad_enabled()
+        if grad:  # a collective moves bytes: autograd records none of it, as in torch's
+            _set_grad_enabled(False)
         try:
             return function(*args, **kwargs)
         finally:
             local.depth = depth
+            if grad:
+                _set_grad_enabled(True)
 
     return entered

@@ -25,6 +25,7 @@ they work, unprotected.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 from datetime import timedelta
@@ -62,7 +63,12 @@ _NO_TIMEOUT = timedelta(0)
 
 
 def _op(opts: Any) -> Any:
-    """Return the ReduceOp of ``opts`` as distcompat's collectives take it."""
+    """Return the ReduceOp of ``opts`` as distcompat's collectives take it (none given: SUM).
+
+    torch's callers may pass no options: ``ProcessGroup.allreduce(tensors)`` (DDP comm hooks).
+    """
+    if opts is None:
+        return _R.SUM
     chosen = opts.reduceOp
     return _KINDS.get(chosen.op, chosen)  # PREMUL_SUM keeps its factor
 
@@ -192,13 +198,14 @@ class ProtectedGroup(dist.ProcessGroup):
 
     # Each method: straight to the backend inside a distcompat collective; else through one.
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
-        if _entry.inside() or len(tensors) != 1:
+        # sparse tensors: gloo's own sparse all-reduce (distcompat's paths move dense bytes)
+        if _entry.inside() or len(tensors) != 1 or tensors[0].layout != torch.strided:
             return self.backend.allreduce(tensors, opts or dist.AllreduceOptions())
         return _handed(all_reduce(tensors[0], _op(opts), self, True), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         if _entry.inside():
-            return self.backend.allreduce_coalesced(tensors, opts)
+            return self.backend.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
         return _handed(all_reduce_coalesced(tensors, _op(opts), self, True), tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
@@ -270,7 +277,7 @@ class ProtectedGroup(dist.ProcessGroup):
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(outputs) != 1:
-            return self.backend.reduce_scatter(outputs, inputs, opts)
+            return self.backend.reduce_scatter(outputs, inputs, opts or dist.ReduceScatterOptions())
         return _handed(reduce_scatter(outputs[0], inputs[0], _op(opts), self, True), outputs)
 
     def reduce_scatter_single(
@@ -365,4 +372,29 @@ def register() -> str:
     """
     if not hasattr(dist.Backend, BACKEND.upper()):  # torch names each backend it registered
         dist.Backend.register_backend(BACKEND, make_group, devices=["cpu"])
+        _name_it_gloo()
     return BACKEND
+
+
+def _name_it_gloo() -> None:
+    """Make ``torch.distributed.get_backend`` say ``"gloo"`` for a protected group.
+
+    torch records a group under the name it was made with (``"distcompat"``), and code that asks
+    for the backend's name branches on ``"gloo"``: torch's own ``monitored_barrier`` refuses
+    anything else, libraries pick CPU paths by it. The protected group is gloo underneath, so
+    the name torch hands back is translated; torch's record (what ``new_group()`` reads to make
+    protected subgroups) keeps ``"distcompat"``.
+    """
+    c10d = dist.distributed_c10d
+    asked = c10d.get_backend
+    if getattr(asked, "translates", None) == BACKEND:  # already in place
+        return
+
+    @functools.wraps(asked)
+    def get_backend(group: Any = None) -> Any:
+        name = asked(group)
+        return dist.Backend.GLOO if name == BACKEND else name
+
+    get_backend.translates = BACKEND  # type: ignore[attr-defined]
+    c10d.get_backend = get_backend  # what torch's own functions (monitored_barrier) call
+    dist.get_backend = get_backend  # torch.distributed.get_backend, imported from c10d

@@ -222,7 +222,8 @@ def _settle(
     try:
         wait()
         if finish is not None:
-            finish()
+            with torch.no_grad():  # in gloo's or the worker's thread: arithmetic, no autograd
+                finish()
     except BaseException as exc:
         future.set_exception(translate(exc, op, group))
     else:

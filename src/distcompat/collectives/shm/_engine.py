@@ -222,6 +222,7 @@ class Engine(Ops):
         self._queue.put(work)
 
     def _serve(self) -> None:
+        torch.set_grad_enabled(False)  # this thread's ops move bytes: no autograd (as in torch)
         while True:
             work = self._queue.get()
             if work is None:

@@ -1,0 +1,55 @@
+"""torch's own distributed tests on gloo, with distcompat's group as the default group.
+
+``torch.testing._internal.distributed.distributed_test.DistributedTest._DistTestBase`` ships in
+the torch wheel: collectives, object collectives, DDP with hooks, Join, SyncBatchNorm, subgroups,
+monitored barrier. Each test spawns its ranks, which call ``torch.distributed.init_process_group``;
+with ``DISTCOMPAT_CONFORMANCE=distcompat`` (the default) that name is distcompat's drop-in, so the
+ranks run on the protected group with every default on; ``DISTCOMPAT_CONFORMANCE=torch`` runs
+torch's own, for the side-by-side table (``nox -s conformance``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+# Read by torch's test module at import, in this process and in every spawned rank.
+os.environ.setdefault("BACKEND", "gloo")
+os.environ.setdefault("WORLD_SIZE", "2")
+os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="distcompat-conformance-"))
+
+import types  # noqa: E402
+
+import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.distributed import distributed_test  # noqa: E402
+from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+    DistributedTest,
+    TestDistBackend,
+)
+
+
+class _DropIn(types.ModuleType):
+    """``torch.distributed`` as torch's test module sees it, with distcompat's init and destroy.
+
+    Only the test module's name is rebound: distcompat itself calls torch's own.
+    """
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(dist, name)
+
+
+if os.environ.get("DISTCOMPAT_CONFORMANCE", "distcompat") == "distcompat":
+    import distcompat.distributed as dropin
+
+    seen = _DropIn("torch.distributed")
+    seen.init_process_group = dropin.init_process_group  # type: ignore[attr-defined]
+    seen.destroy_process_group = dropin.destroy_process_group  # type: ignore[attr-defined]
+    distributed_test.dist = seen  # type: ignore[attr-defined]
+
+
+class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):  # type: ignore[misc]
+    """torch's test class, its ranks spawned per test as torch's own runner does."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self._spawn_processes()
