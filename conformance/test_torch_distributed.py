@@ -18,11 +18,11 @@ os.environ.setdefault("BACKEND", "gloo")
 os.environ.setdefault("WORLD_SIZE", "2")
 os.environ.setdefault("TEMP_DIR", tempfile.mkdtemp(prefix="distcompat-conformance-"))
 
-import types  # noqa: E402
+import types
 
-import torch.distributed as dist  # noqa: E402
-from torch.testing._internal.distributed import distributed_test  # noqa: E402
-from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+import torch.distributed as dist
+from torch.testing._internal.distributed import distributed_test
+from torch.testing._internal.distributed.distributed_test import (
     DistributedTest,
     TestDistBackend,
 )
@@ -51,5 +51,6 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase): 
     """torch's test class, its ranks spawned per test as torch's own runner does."""
 
     def setUp(self) -> None:
+        """Spawn this test's ranks."""
         super().setUp()
         self._spawn_processes()

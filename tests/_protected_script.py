@@ -122,7 +122,8 @@ def fsdp(rank: int) -> None:
     print(f"rank {rank}: fsdp losses {losses!r}", flush=True)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(model, options=options)
-    values = [full[name] for name in sorted(full)] if rank == 0 else []  # offloaded to rank 0
+    names = sorted(full) if rank == 0 else []  # offloaded to rank 0
+    values = [value for name in names if isinstance(value := full[name], torch.Tensor)]
     total = sum(float(v.double().sum()) for v in values)
     print(f"rank {rank}: fsdp state {_digest(values)} {total!r}", flush=True)
 
@@ -150,7 +151,8 @@ def functional(rank: int, iterations: int) -> None:
         )
         assert handle is not None
         handle.wait()
-        results += [total, gathered.wait(), summed.wait(), late, scattered.wait()]
+        waited = [fc.wait_tensor(t) for t in (gathered, summed, scattered)]  # type: ignore[no-untyped-call]
+        results += [total, *waited, late]
     print(f"rank {rank}: functional {_digest(results)}", flush=True)
 
 

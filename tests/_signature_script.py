@@ -53,7 +53,9 @@ def outcome() -> str:
     tdist.all_reduce(total)  # raw torch on the default group
     backend = tdist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
     timeout = backend.options._timeout.total_seconds()
-    return f"{tdist.get_rank()} of {tdist.get_world_size()}, timeout {timeout:g}, sum {total.item():g}"
+    return (
+        f"{tdist.get_rank()} of {tdist.get_world_size()}, timeout {timeout:g}, sum {total.item():g}"
+    )
 
 
 Case = tuple[dict[str, str | None], Callable[[Any, int], None]]

@@ -94,8 +94,9 @@ def test_a_peer_that_never_comes_is_named_at_the_group_timeout(op: str, world_si
     assert peers == [world_size - 1]
     toward = "from" if op == "recv" else "to"
     assert message.startswith(
-        f"{op}: timed out after {GROUP_TIMEOUT_S:g}s (the group's timeout elapsed) in the backend wait of "
-        f"{op} {toward} rank {world_size - 1}: not every rank arrived (rank {world_size - 1})"
+        f"{op}: timed out after {GROUP_TIMEOUT_S:g}s (the group's timeout elapsed) in the backend "
+        f"wait of {op} {toward} rank {world_size - 1}: not every rank arrived "
+        f"(rank {world_size - 1})"
     ), message
 
 

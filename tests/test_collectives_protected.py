@@ -167,7 +167,11 @@ def test_every_method_torch_offers_python_is_the_groups_own() -> None:
     to free a finished op while it holds its queue's lock: the two deadlock (the functional
     all-gather hangs of issue 40). Every such method must be ProtectedGroup's own."""
     offered = _offered_to_python()
-    assert {"allreduce", "all_gather_single_coalesced", "reduce_scatter_single_coalesced"} <= offered
+    assert {
+        "allreduce",
+        "all_gather_single_coalesced",
+        "reduce_scatter_single_coalesced",
+    } <= offered
     own = {name for klass in ProtectedGroup.__mro__[:-3] for name in vars(klass)}
     assert ProtectedGroup.__mro__[-3] is dist.ProcessGroup
     assert offered - own == set()

@@ -11,8 +11,8 @@ Everything ``torch.distributed`` offers is here (``ReduceOp``, ``new_group``, ``
 ``destroy_process_group`` do what :func:`distcompat.init_distributed` does: the default group is
 distcompat's protected group, so DDP's, FSDP2's and every library's collectives on it are
 checked, watched and typed too (``dist.get_backend()`` names it ``"gloo"``, which moves its
-bytes; torch records it as ``"distcompat"``). Names this module does not define are looked up in ``torch.distributed`` on
-access.
+bytes; torch records it as ``"distcompat"``). Names this module does not define are looked up
+in ``torch.distributed`` on access.
 """
 
 from typing import TYPE_CHECKING, Any

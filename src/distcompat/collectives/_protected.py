@@ -205,7 +205,9 @@ class ProtectedGroup(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         if _entry.inside():
-            return self.backend.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
+            return self.backend.allreduce_coalesced(
+                tensors, opts or dist.AllreduceCoalescedOptions()
+            )
         return _handed(all_reduce_coalesced(tensors, _op(opts), self, True), tensors)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:  # type: ignore[override]
@@ -237,7 +239,7 @@ class ProtectedGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        """What functional collectives call (``all_gather_tensor``, DTensor, FSDP2's state dict).
+        """All-gather into tensors: what functional collectives call (DTensor, FSDP2's state dict).
 
         Defined here so that torch's C++ sends it to Python: left to torch's fallback, it is
         issued with the GIL held, and gloo's worker, which may need the GIL to free the last
@@ -251,7 +253,8 @@ class ProtectedGroup(dist.ProcessGroup):
         handles = [all_gather_into_tensor(o, i, self, True) for o, i in pairs]
         return _handed(_one(handles, outputs), outputs)
 
-    allgather_into_tensor_coalesced = all_gather_single_coalesced  # its older name: torch asks for either
+    # its older name: torch's trampoline asks for either
+    allgather_into_tensor_coalesced = all_gather_single_coalesced  # type: ignore[assignment]
 
     def gather(  # type: ignore[override]
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any
@@ -293,7 +296,7 @@ class ProtectedGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(
         self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
-        """What functional collectives call (``reduce_scatter_tensor``); see the all-gather's."""
+        """Reduce-scatter tensors: what functional ``reduce_scatter_tensor`` calls (see above)."""
         pairs = list(zip(outputs, inputs, strict=True))
         options = opts or dist.ReduceScatterOptions()
         if _entry.inside():
@@ -303,7 +306,7 @@ class ProtectedGroup(dist.ProcessGroup):
         handles = [reduce_scatter_tensor(o, i, op, self, True) for o, i in pairs]
         return _handed(_one(handles, outputs), outputs)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # its older name
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # type: ignore[assignment]
 
     def all_to_all_single(
         self,

@@ -213,9 +213,9 @@ def timeout_error(wait: Wait, timeout_s: float) -> CollectiveTimeoutError:
     if absent is None and wait.awaited is not None:
         named = " (which ones could not be read: the rendezvous store did not answer)"
     message = (
-        f"{wait.op}: timed out after {timeout_s:g}s (the group's timeout elapsed) {wait.describe()}: "
-        f"not every rank arrived{named}; a rank stuck elsewhere, or a collective only some ranks "
-        "call"
+        f"{wait.op}: timed out after {timeout_s:g}s (the group's timeout elapsed) "
+        f"{wait.describe()}: not every rank arrived{named}; a rank stuck elsewhere, or a "
+        "collective only some ranks call"
     )
     if absent and explain is not None:
         seen = explain(absent)
