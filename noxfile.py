@@ -4,6 +4,7 @@
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
+    nox -s conformance       # torch's own distributed tests through distcompat's group (long)
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
 
 Every session installs torch first and explicitly: a bare ``torch`` requirement would pull the
@@ -65,6 +66,19 @@ def tests_cuda(session: nox.Session) -> None:
     if has_cuda.strip().splitlines()[-1:] != ["1"]:
         session.skip("no CUDA device visible to torch here: the cuda-marked tests need one")
     session.run("pytest", "-m", "cuda", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """torch's DistributedTest._DistTestBase (in the wheel) on gloo, 2 ranks, with distcompat's
+    init_process_group; DISTCOMPAT_CONFORMANCE=torch runs torch's own for comparison. About an
+    hour on 2 cores, so on demand; ``-- -k NAME`` picks tests."""
+    install(session, "tests")
+    session.install("expecttest")  # torch.testing._internal imports it
+    # torch's test code warns (deprecated torch.jit.script...): not this project's warnings
+    settings = ["-o", "addopts=", "-W", "ignore", "-p", "no:cacheprovider"]
+    session.run("pytest", "conformance/test_torch_distributed.py", "-q", *settings,
+                *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON)
