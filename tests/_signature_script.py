@@ -1,18 +1,20 @@
 """Rank script for tests/test_process_group_torch_api.py: every init signature torch accepts,
 one after another in one process, through torch's ``init_process_group`` or distcompat's.
 
-    python _signature_script.py torch|distcompat DIR PORT,PORT,...      # under run_ranks
+    python _signature_script.py torch|distcompat DIR      # under run_ranks
 
 Each case changes the environment as its caller would (torch's own test harness exports
 ``WORLD_SIZE`` but no ``RANK``; a ``tcp://`` script has no launcher variables at all), makes the
 default group, runs a raw all_reduce on it, destroys it and prints ``rank R: CASE -> OUTCOME``:
-the group's rank, size and timeout and the sum, or the error's type. Each case rendezvous on a
-port of its own (rank 0 hosts the store), so that no case sees another's keys.
+the group's rank, size and timeout and the sum, or the error's type. Each case meets at a store
+of its own (rank 0 hosts it on a port the OS picks and tells the others through run_ranks'
+store), so that no case sees another's keys and no port is chosen ahead of its use.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -66,7 +68,7 @@ def cases(rank: int, world: int, directory: str) -> dict[str, Case]:
     api = sys.argv[1]
 
     def store(init: Any, port: int) -> None:
-        client = tdist.TCPStore("127.0.0.1", port, is_master=rank == 0, world_size=world)
+        client = tdist.TCPStore("127.0.0.1", port, is_master=False)
         init("gloo", store=tdist.PrefixStore(f"store-{api}", client), rank=rank, world_size=world)
 
     def harness(init: Any, port: int) -> None:
@@ -94,7 +96,7 @@ def cases(rank: int, world: int, directory: str) -> dict[str, Case]:
         "store": (same, store),
         # torch's distributed tests export WORLD_SIZE and pass each rank its rank
         "file-harness": ({"RANK": None}, harness),
-        "tcp-no-launcher": (dict.fromkeys(LAUNCHER), tcp),
+        "tcp-no-launcher": (dict.fromkeys(LAUNCHER), tcp),  # rank 0 binds the port itself
         "explicit-beats-env": (  # the environment says another rank
             {"RANK": str(world - 1 - rank)},
             lambda init, port: init("gloo", init_method="env://", rank=rank, world_size=world),
@@ -105,18 +107,34 @@ def cases(rank: int, world: int, directory: str) -> dict[str, Case]:
     }
 
 
+def _meeting_port(harness: Any, rank: int, key: str, server: bool) -> tuple[int, Any]:
+    """Rank 0 makes this case's store (``server``) or finds a free port for torch to bind (tcp://)
+    and publishes the port; the others read it. Returns the port and what keeps it alive."""
+    if rank == 0:
+        if server:
+            kept: Any = tdist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            port = kept.port
+        else:
+            with socket.socket() as probe:  # tcp:// binds it itself, a moment later
+                probe.bind(("127.0.0.1", 0))
+                port, kept = probe.getsockname()[1], None
+        harness.set(key, str(port))
+        return port, kept
+    return int(harness.get(key)), None
+
+
 def main() -> None:
-    api, directory, ports = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
+    api, directory = sys.argv[1], sys.argv[2]
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     init = tdist.init_process_group if api == "torch" else dcdist.init_process_group
     destroy = tdist.destroy_process_group if api == "torch" else dcdist.destroy_process_group
-    made = cases(rank, world, directory)
-    assert len(ports) >= len(made), f"{len(made)} cases need as many ports"
-    for (name, (changes, make)), port in zip(made.items(), ports, strict=False):
-        own: dict[str, str | None] = {"MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": None}
+    harness = tdist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+    for name, (changes, make) in cases(rank, world, directory).items():
+        port, kept = _meeting_port(harness, rank, f"{api}/{name}", name != "tcp-no-launcher")
+        own: dict[str, str | None] = {"MASTER_PORT": str(port)}  # its store, as an agent's
         with environ(**(own | changes)):
             try:
-                make(init, int(port))
+                make(init, port)
                 said = outcome()
             except Exception as exc:  # the outcome under test
                 said = f"raised {type(exc).__name__}"
@@ -124,6 +142,9 @@ def main() -> None:
                 destroy()
             if tdist.is_initialized():  # distcompat leaves a group torch made to torch
                 tdist.destroy_process_group()
+        harness.set(f"{api}/{name}/done{rank}", "1")  # rank 0's store outlives every rank's use
+        harness.wait([f"{api}/{name}/done{r}" for r in range(world)])
+        del kept
         print(f"rank {rank}: {name} -> {said}", flush=True)
 
 

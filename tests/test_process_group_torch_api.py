@@ -2,13 +2,12 @@
 
 The cases run for real, one after another in each rank process (``_signature_script.py``), once
 through torch's ``init_process_group`` and once through distcompat's, every default on; each
-case makes the default group (its own rendezvous port), runs a raw all_reduce and destroys it.
+case makes the default group (at a store of its own), runs a raw all_reduce and destroys it.
 """
 
 from __future__ import annotations
 
 import re
-import socket
 from pathlib import Path
 
 import pytest
@@ -25,23 +24,10 @@ ACCEPTED_WHERE_TORCH_REFUSES = {
 }
 
 
-def _free_ports(count: int) -> str:
-    """``count`` ports free right now, comma-separated (held together, so all distinct)."""
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = ",".join(str(sock.getsockname()[1]) for sock in sockets)
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 def _outcomes(api: str, world: int, tmp_path: Path) -> dict[int, dict[str, str]]:
     folder = tmp_path / api
     folder.mkdir()
-    ranks: list[Ended] = run_ranks(
-        SCRIPT, world, args=(api, str(folder), _free_ports(16)), timeout=240
-    )
+    ranks: list[Ended] = run_ranks(SCRIPT, world, args=(api, str(folder)), timeout=240)
     assert [r.returncode for r in ranks] == [0] * world, [r.stderr[-3000:] for r in ranks]
     said: dict[int, dict[str, str]] = {}
     for ended in ranks:
