@@ -2,7 +2,8 @@
 
 Hypothesis draws a program, a sequence of collectives, each called one of the ways a job calls
 its group: a distcompat function, a raw ``torch.distributed`` call, a functional collective, an
-async handle waited late (several ops later, or at the end), a DDP step, a subgroup's call. Every
+async handle waited late (several ops later, or at the end), a DDP step, a subgroup's call, a
+DTensor redistributed through every placement, a tensor-parallel (column, then row) forward. Every
 rank runs it twice in one ``run_on_ranks`` call, every default on: on the protected default group
 (and a protected subgroup), and with torch's own functions on a plain gloo group of the same
 ranks (``new_group(backend="gloo")``). The results must be bitwise equal, and the program must
@@ -40,6 +41,8 @@ FLAVORS = {
     "all_to_all": ("distcompat", "raw", "functional"),
     "subgroup_all_reduce": ("distcompat", "raw"),
     "ddp_step": ("ddp",),
+    "dtensor": ("redistribute",),  # Shard(0) -> Replicate -> Shard(1); Partial -> Shard, Replicate
+    "tensor_parallel": ("colwise-rowwise",),
 }
 OPS = {"SUM": tdist.ReduceOp.SUM, "MAX": tdist.ReduceOp.MAX, "MIN": tdist.ReduceOp.MIN}
 
@@ -97,9 +100,47 @@ def _ddp_step(rank: int, index: int, group: Any) -> list[torch.Tensor]:
     return [layer.weight.grad.clone()]
 
 
+def _dtensor(rank: int, index: int, count: int, mesh: Any) -> list[torch.Tensor]:
+    """A DTensor through every placement change (functional collectives underneath)."""
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    world = mesh.size()
+    full = torch.arange(float(world * count * 2)).view(world * count, 2) - index
+    sharded = distribute_tensor(full, mesh, [Shard(0)])
+    replicated = sharded.redistribute(mesh, [Replicate()])  # all-gather
+    columns = replicated.redistribute(mesh, [Shard(1)])  # local
+    mine = full * (rank + 1)
+    partial = DTensor.from_local(mine, mesh, [Partial()])  # a sum still to be made
+    scattered = partial.redistribute(mesh, [Shard(0)])  # reduce-scatter
+    summed = partial.redistribute(mesh, [Replicate()])  # all-reduce
+    return [x.to_local() for x in (replicated, columns, scattered, summed)]
+
+
+def _tensor_parallel(rank: int, index: int, mesh: Any) -> list[torch.Tensor]:
+    """A column-then-row parallel MLP's forward (integer weights: exact in any order)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    world = mesh.size()
+    mlp = torch.nn.Sequential(
+        torch.nn.Linear(4, 2 * world, bias=False), torch.nn.Linear(2 * world, 4, bias=False)
+    )
+    with torch.no_grad():
+        for param in mlp.parameters():
+            param.copy_(torch.arange(float(param.numel())).view(param.shape) % 5 - 2 + index)
+    parallel = parallelize_module(mlp, mesh, {"0": ColwiseParallel(), "1": RowwiseParallel()})
+    return [parallel(torch.arange(8.0).view(2, 4) + rank).detach()]
+
+
 def _run(program: list[tuple[Any, ...]], protected: bool, group: Any, pair: Any) -> str:
     """Run ``program`` on ``group`` (``pair``: ranks 0 and 1); return a digest of every result."""
+    from torch.distributed.device_mesh import DeviceMesh
+
     rank, world = tdist.get_rank(), tdist.get_world_size()
+    mesh = DeviceMesh.from_group(group, "cpu")
     results: list[torch.Tensor] = []
     pending = _Pending()
     for index, (name, flavor, count, dtype, op_name, root) in enumerate(program):
@@ -157,6 +198,10 @@ def _run(program: list[tuple[Any, ...]], protected: bool, group: Any, pair: Any)
             results.append(mine)
         elif name == "ddp_step":
             results += _ddp_step(rank, index, group)
+        elif name == "dtensor":
+            results += _dtensor(rank, index, count, mesh)
+        elif name == "tensor_parallel":
+            results += _tensor_parallel(rank, index, mesh)
         pending.tick()
     pending.finish()
     digest = hashlib.sha256()
