@@ -8,6 +8,7 @@ default on (watchdog, mismatch check, shared memory on or off as parametrized).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from datetime import timedelta
 from pathlib import Path
@@ -130,6 +131,13 @@ def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(world: int) -> 
         assert re.search(rf"rank 1.*_protected_script\.py:{sleep_line}", output)
 
 
+@functools.cache
+def _plain_functional() -> list[Ended]:
+    """The functional mix on torch's own gloo group: the reference, run once for both tests."""
+    plain = {"DISTCOMPAT_PROTECT_GROUP": "off"}
+    return run_ranks(SCRIPT, 2, args=("functional", "30"), env=plain, timeout=120)
+
+
 @SHM
 def test_functional_collectives_between_distcompat_calls_match_plain_gloo(shm: str) -> None:
     """The mix that hung in 2 of 3 runs (issue 40): distcompat all_reduces, sync and async waited
@@ -140,9 +148,7 @@ def test_functional_collectives_between_distcompat_calls_match_plain_gloo(shm: s
     stall = shm == "off"
     env = {"DISTCOMPAT_WATCHDOG": "2", "DISTCOMPAT_SHM": shm, "STALL": "1" if stall else "0"}
     protected = run_ranks(SCRIPT, 2, args=("functional", "30"), env=env, timeout=120)
-    plain = run_ranks(
-        SCRIPT, 2, args=("functional", "30"), env={"DISTCOMPAT_PROTECT_GROUP": "off"}, timeout=120
-    )
+    plain = _plain_functional()
     for ended in (protected, plain):
         assert [r.returncode for r in ended] == [0, 0], [r.stderr[-2000:] for r in ended]
     for rank in (0, 1):
