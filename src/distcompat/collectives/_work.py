@@ -196,7 +196,7 @@ def joined(handles: list[CompatWork], finish: Finish | None, result: Any) -> Com
             for part in done.wait():
                 part.wait()  # raises the first handle's error
             if finish is not None:
-                finish()
+                _post_process(finish)
         except BaseException as exc:
             future.set_exception(exc)
         else:
@@ -205,6 +205,16 @@ def joined(handles: list[CompatWork], finish: Finish | None, result: Any) -> Com
     torch.futures.collect_all([h.get_future() for h in handles]).add_done_callback(complete)
     strategy = "native" if all(h.strategy == "native" for h in handles) else handles[0].strategy
     return CompatWork(future, strategy, handles)
+
+
+def _post_process(finish: Finish) -> None:
+    """Run an async op's post-processing where it completes (gloo's or a worker's thread).
+
+    It is arithmetic on the caller's tensors with autograd off, as inside a collective's entry:
+    DDP with ``create_graph=True`` hands over tensors that require grad.
+    """
+    with torch.no_grad():
+        finish()
 
 
 def _settle(
@@ -222,8 +232,7 @@ def _settle(
     try:
         wait()
         if finish is not None:
-            with torch.no_grad():  # in gloo's or the worker's thread: arithmetic, no autograd
-                finish()
+            _post_process(finish)
     except BaseException as exc:
         future.set_exception(translate(exc, op, group))
     else:
