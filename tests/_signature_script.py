@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -146,6 +147,8 @@ def main() -> None:
         harness.wait([f"{api}/{name}/done{r}" for r in range(world)])
         del kept
         print(f"rank {rank}: {name} -> {said}", flush=True)
+    left = sorted(t.name for t in threading.enumerate() if t.name.startswith("distcompat"))
+    print(f"rank {rank}: threads-left -> {left}", flush=True)
 
 
 if __name__ == "__main__":

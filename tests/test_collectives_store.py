@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch.distributed as dist
@@ -24,6 +25,7 @@ from distcompat.collectives._store import STUCK_GRACE_S, TIMEOUT_S, QuickStore, 
 _SERVER = """
 import sys, time
 from datetime import timedelta
+from typing import Any
 import torch.distributed as dist
 store = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=600),
                       wait_for_workers=False)
@@ -134,3 +136,41 @@ def test_a_store_that_went_away_is_unreachable(
     with pytest.raises(StoreUnreachable, match="did not answer"):
         quick.check(["k"])
     assert time.monotonic() - started < TIMEOUT_S + 1.5
+
+
+class _Counted(dist.Store):
+    """A store that counts its clones (new connections) and serves requests through ``store``."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__()
+        self.store, self.clones = store, 0
+
+    def clone(self) -> Any:
+        self.clones += 1
+        return self.store.clone()
+
+    def set(self, key: str, value: str) -> None:
+        self.store.set(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.store.check(keys))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return list(self.store.multi_get(keys))
+
+
+def test_requests_go_over_the_stores_own_connection_under_each_prefix(
+    server: tuple[subprocess.Popen[str], int],
+) -> None:
+    """A new connection can make every rank's store wait the resolver's 5 s (see _store's
+    docstring): the check, the shared-memory set-ups and the peer lookup make none."""
+    _, port = server
+    source = _Counted(dist.TCPStore("127.0.0.1", port, 1, False, timeout=timedelta(seconds=60)))
+    first, second = QuickStore(source, "agree"), QuickStore(source, "shm/0")
+    first.set("k3", "3")
+    second.set("k3", "4")
+    assert first.multi_get(["k", "k3"]) == [b"1", b"3"]  # each under its own prefix
+    assert second.check(["k3"])
+    assert second.multi_get(["k3"]) == [b"4"]
+    assert QuickStore(source).multi_get(["agree/k3", "shm/0/k3"]) == [b"3", b"4"]
+    assert source.clones == 0

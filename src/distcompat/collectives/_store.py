@@ -8,12 +8,19 @@ does not come back: measured on torch 2.13 against a stopped store server, ``che
 not the socket; even ``clone()`` blocks in its handshake. A rank whose main thread sat in such a
 request never reached its collective's timeout and typed error.
 
-So every request runs on one daemon thread of this process, over a connection of its own (a
-clone of the group's store, made on that thread), and the caller waits at most
+So every request runs on one daemon thread of this process, and the caller waits at most
 :data:`TIMEOUT_S` for the answer::
 
-    quick = QuickStore(store)          # store: the PrefixStore the check posts under
-    quick.check(["s/3/0", "s/3/1"])    # raises StoreUnreachable within TIMEOUT_S
+    quick = QuickStore(store, "agree/0")   # keys go under the prefix
+    quick.check(["s/3/0", "s/3/1"])        # raises StoreUnreachable within TIMEOUT_S
+
+The requests go over the store's own connection (torch's client serializes requests from
+every thread), never a new one. A new connection is not free: torch's TCP client and server
+each format the other's address with ``getnameinfo``, which for ``::ffff:127.0.0.1`` asks the
+DNS. On a host whose nameserver does not answer (this one), about one connection in 25 waits
+the resolver's 5 s, and when the server waits, every rank's store request waits with it.
+Clones made by the check, each shared-memory set-up and the peer lookup put those 5 s on a
+group's first collective several times as often as torch's own start-up meets them.
 
 A request that does not come back in time leaves the thread blocked in it. Until it returns,
 every further request waits for it only what is left of that request's own :data:`TIMEOUT_S`
@@ -22,7 +29,8 @@ never one per request. While the store is silent each request so fails within a 
 second, and a caller that asks between the slices of its wait does not push that wait past its
 deadline (a store-only partition ended rank 1's collective 3 s past the group timeout when each
 request waited 2 s more). When the stuck request returns, the connection is in step again and
-is used on; after an error it is replaced.
+is used on. A request given up on holds the client's lock until it returns, so torch's own
+requests on that store wait too; they would not be answered either.
 """
 
 from __future__ import annotations
@@ -74,29 +82,20 @@ class _Worker:
     def __init__(self) -> None:
         self.requests: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()  # None: stop
         self.current: _Request | None = None  # the request on the thread now, if any
-        self.served: list[QuickStore] = []  # every store this thread made a connection for
         self.thread = threading.Thread(target=self._run, name="distcompat-agree-store", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
             request = self.requests.get()
-            if request is None:  # shut_down: the connections are dropped here, on this thread
-                for target in self.served:
-                    target._conn = None
-                self.served.clear()
+            if request is None:  # shut_down
                 return
             request.begun = time.monotonic()
             self.current = request
-            target = request.target
             try:
-                if target._conn is None:
-                    target._conn = target._source.clone()
-                    self.served.append(target)
-                request.value = getattr(target._conn, request.name)(*request.args)
+                request.value = request.target._serve(request.name, request.args)
             except Exception as exc:  # handed to the caller, which raises it as StoreUnreachable
                 request.error = exc
-                target._conn = None  # a failed connection is not trusted again: clone anew
             finally:
                 self.current = None
                 request.done.set()
@@ -107,13 +106,10 @@ _lock = threading.Lock()
 
 
 def shut_down(timeout: float = TIMEOUT_S) -> None:
-    """Drop every store connection on the worker thread and end it; the next request starts anew.
+    """End the worker thread (after the request it is making, if any); the next request starts anew.
 
-    Called when distcompat destroys its process group: the connections (clones of the group's
-    TCPStore, made on the worker thread) are destroyed there, while the interpreter runs, rather
-    than left to the process exit. (This was first thought to be the SIGABRT at exit seen under
-    mpirun; that came from the gloo threads of a group torch keeps alive, see
-    ``process_group._lifecycle._destroy_group``.)
+    Called when distcompat destroys its process group, so that no thread is left to ask the
+    store of a destroyed group.
 
     Example:
         >>> shut_down()
@@ -138,17 +134,27 @@ def _the_worker() -> _Worker:
 class QuickStore:
     """The group's store, asked through the check's thread; no request waits past TIMEOUT_S.
 
+    ``prefix``: the keys go under it, as a :class:`torch.distributed.PrefixStore` puts them.
+
     Example:
         >>> import torch.distributed as dist
         >>> server = dist.TCPStore("127.0.0.1", 0, 1, True)
-        >>> quick = QuickStore(dist.PrefixStore("agree", server))
+        >>> quick = QuickStore(server, "agree")
         >>> quick.set("k", "v"); quick.multi_get(["k"])
         [b'v']
+        >>> server.get("agree/k")
+        b'v'
     """
 
-    def __init__(self, store: Any) -> None:
-        self._source = store
-        self._conn: Any = None  # the clone; made and used on the worker thread only
+    def __init__(self, store: Any, prefix: str = "") -> None:
+        self._source, self._prefix = store, prefix
+        self._view: Any = None  # the prefixed store, made on the worker thread
+
+    def _serve(self, name: str, args: tuple[Any, ...]) -> Any:
+        """Make one request (on the worker thread) under the prefix."""
+        if self._view is None:
+            self._view = _prefixed(self._prefix, self._source)
+        return getattr(self._view, name)(*args)
 
     def _request(self, name: str, *args: Any, timeout: float = TIMEOUT_S) -> Any:
         worker = _the_worker()
@@ -197,6 +203,12 @@ class QuickStore:
         """Return the values of ``keys``, which must exist (a missing one waits for the store)."""
         values: list[bytes] = self._request("multi_get", keys)
         return values
+
+
+def _prefixed(prefix: str, store: Any) -> Any:
+    import torch.distributed as dist  # here: importing torch.distributed is not free
+
+    return dist.PrefixStore(prefix, store) if prefix else store
 
 
 def asked_until(

@@ -296,6 +296,9 @@ def destroy_distributed() -> None:
         return
     if dist.is_initialized():
         _destroy_group()
+    from distcompat.collectives.shm._path import close_all
+
+    close_all()
     shut_down()
 
 

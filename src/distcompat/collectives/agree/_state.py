@@ -114,12 +114,12 @@ def _new_state(key: Any) -> _State:
     found = side_store() if _enabled_by_env() else None
     if found is None:
         return _State(store=None, rank=rank, world=world)
-    store, prefix = found
+    _, prefix = found  # the prefix only: the requests go over the default store's connection
     name = getattr(key, "group_name", None) or ",".join(map(str, dist.get_process_group_ranks(key)))
     wait_s = group_timeout_s(key)  # the group's own: a subgroup may have a shorter one
     listening = True
     return _State(
-        store=QuickStore(dist.PrefixStore(f"{prefix}/agree/{name}", store)),
+        store=QuickStore(dist.distributed_c10d._get_default_store(), f"{prefix}/agree/{name}"),
         rank=rank,
         world=world,
         wait_s=wait_s,

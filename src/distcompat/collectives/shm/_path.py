@@ -50,6 +50,7 @@ __all__ = [
     "WIRED",
     "SharedMemoryFallbackWarning",
     "ShmStatus",
+    "close_all",
     "engaged",
     "engine_for",
     "floor_bytes",
@@ -118,10 +119,22 @@ def forced(mode: Literal["on", "off"]) -> Iterator[None]:
 
 
 def reset() -> None:
-    """Forget the setting and every group's decision (tests; a group set up keeps its engine)."""
+    """Forget the setting and every group's decision, and end every engine (tests)."""
     global _choice
     _choice = None
     floors.clear()
+    close_all()
+
+
+def close_all() -> None:
+    """End every group's engine (its thread, its segment): the groups were destroyed.
+
+    A destroyed group that something still holds (see ``_lifecycle._destroy_group``) would
+    otherwise keep its engine's thread and shared memory until the process exits.
+
+    Example:
+        >>> close_all()
+    """
     for found in list(_groups.values()):
         if isinstance(found, Engine):
             found.close()

@@ -71,7 +71,8 @@ def set_up(key: Any, op: str) -> Engine | ShmStatus:
     if dist.get_world_size(key) > MAX_WORLD:
         return ShmStatus(engaged=False, reason=f"more than {MAX_WORLD} ranks")
     try:
-        store = dist.distributed_c10d._get_process_group_store(key)
+        # the default store, under a prefix per group: one connection serves every group
+        store = QuickStore(dist.distributed_c10d._get_default_store(), f"{_KEY}/{key.group_name}")
     except (AttributeError, RuntimeError, ValueError) as exc:
         return ShmStatus(engaged=False, reason=f"no store to set the path up through ({exc})")
     try:
@@ -102,8 +103,8 @@ class _SetUp:
     keys are ``_wait.until``'s ("in the shared-memory set-up"), which name who never posted.
     """
 
-    def __init__(self, key: Any, store: Any, op: str) -> None:
-        self.key, self.op, self.store = key, op, QuickStore(store)
+    def __init__(self, key: Any, store: QuickStore, op: str) -> None:
+        self.key, self.op, self.store = key, op, store
         self.started, self.limit = time.monotonic(), group_timeout_s(key)
 
     def ask(self, name: str, *args: Any) -> Any:
@@ -152,11 +153,11 @@ class _SetUp:
         until(polled(posted), wait)
 
 
-def _agree_and_map(key: Any, store: Any, op: str) -> Engine | ShmStatus:
+def _agree_and_map(key: Any, store: QuickStore, op: str) -> Engine | ShmStatus:
     rank, world = dist.get_rank(key), dist.get_world_size(key)
     talk = _SetUp(key, store, op)
-    generation = (talk.count(f"{_KEY}/setups") - 1) // world  # this setup's number
-    base = f"{_KEY}/{generation}"
+    generation = (talk.count("setups") - 1) // world  # this setup's number
+    base = str(generation)
     me = Identity.here()
     hello = {"identity": me.to_json(), "problem": platform_problem()}
     talk.ask("set", f"{base}/hello/{rank}", json.dumps(hello))
