@@ -15,6 +15,7 @@ import time
 
 import torch
 import torch.distributed as tdist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.parallel import DistributedDataParallel
 
 import distcompat.distributed as dist
@@ -96,17 +97,42 @@ def load(rank: int, directory: str) -> None:
     print(f"rank {rank}: loaded {state['w'].tolist()!r} {int(state['step'])}", flush=True)
 
 
-def fsdp(rank: int) -> None:
-    """Four FSDP2 steps on a 3-layer MLP with gradient clipping; print each step's loss, then
-    the digest and sum of the full state dict (a functional all-gather per parameter)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+def _sharded_mlp(mesh: DeviceMesh | None = None) -> torch.nn.Module:
+    """The MLP with each Linear and the whole model under FSDP2 (HSDP on a 2-D ``mesh``)."""
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
     for layer in model.children():
         if isinstance(layer, torch.nn.Linear):
-            fully_shard(layer)
-    fully_shard(model)
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full_state(rank: int, model: torch.nn.Module) -> str:
+    """The digest and sum of the full state dict (a functional all-gather per parameter),
+    offloaded to rank 0: what rank 0 holds, or nothing elsewhere."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    full = get_model_state_dict(model, options=options)
+    names = sorted(full) if rank == 0 else []
+    values = [value for name in names if isinstance(value := full[name], torch.Tensor)]
+    total = sum(float(v.double().sum()) for v in values)
+    return f"{_digest(values)} {total!r}"
+
+
+def fsdp(rank: int, directory: str | None, hsdp: bool = False) -> None:
+    """Four FSDP2 steps on a 3-layer MLP with gradient clipping; print each step's loss, then
+    the full state dict's digest and sum; save the sharded state dict with DCP to ``directory``.
+    ``hsdp``: on a 2 x (world / 2) mesh, replicated across its first dimension."""
+    mesh = None
+    if hsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("replicate", "shard"))
+    model = _sharded_mlp(mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(4):
@@ -120,12 +146,25 @@ def fsdp(rank: int) -> None:
         opt.zero_grad()
         losses.append(loss.item())
     print(f"rank {rank}: fsdp losses {losses!r}", flush=True)
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    full = get_model_state_dict(model, options=options)
-    names = sorted(full) if rank == 0 else []  # offloaded to rank 0
-    values = [value for name in names if isinstance(value := full[name], torch.Tensor)]
-    total = sum(float(v.double().sum()) for v in values)
-    print(f"rank {rank}: fsdp state {_digest(values)} {total!r}", flush=True)
+    print(f"rank {rank}: fsdp state {_full_state(rank, model)}", flush=True)
+    if directory is not None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        dcp.save(get_model_state_dict(model), checkpoint_id=directory)  # type: ignore[attr-defined]
+
+
+def fsdp_load(rank: int, directory: str) -> None:
+    """Load the sharded state dict ``fsdp`` saved into the FSDP2 model on this world size;
+    print its full state dict's digest and sum."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model = _sharded_mlp()
+    state = get_model_state_dict(model)
+    dcp.load(state, checkpoint_id=directory)  # type: ignore[attr-defined]
+    set_model_state_dict(model, state)
+    print(f"rank {rank}: fsdp state {_full_state(rank, model)}", flush=True)
 
 
 def functional(rank: int, iterations: int) -> None:
@@ -180,8 +219,10 @@ def main() -> None:
         raw(rank, sys.argv[2])
     elif scenario == "load":
         load(rank, sys.argv[2])
-    elif scenario == "fsdp":
-        fsdp(rank)
+    elif scenario in ("fsdp", "hsdp"):
+        fsdp(rank, sys.argv[2] if len(sys.argv) > 2 else None, hsdp=scenario == "hsdp")
+    elif scenario == "fsdp-load":
+        fsdp_load(rank, sys.argv[2])
     elif scenario == "functional":
         functional(rank, int(sys.argv[2]))
     dist.destroy_process_group()

@@ -103,14 +103,19 @@ def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(world: int) -> None:
+def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(
+    world: int, tmp_path: Path
+) -> None:
     """FSDP2 through the protected group gives plain gloo's losses: bitwise at 2 ranks (a sum of
     two terms is the same in either order), within 1e-6 relative at 3, where the protected
     group's reduce-scatter (shared memory, or an all-to-all and a local sum) may add in another
     order than gloo's (measured: bitwise there too, on torch 2.13). At 2 ranks rank 1 also sleeps
-    7 s between steps: the 2 s watchdog names it and its line, and the job completes."""
+    7 s between steps: the 2 s watchdog names it and its line, and the job completes. The
+    sharded state dict saved with DCP loads on the other world size (2 -> 3, 3 -> 2) into the
+    same full state dict, bit for bit."""
+    saved = str(tmp_path / "ckpt")
     stall = {"DISTCOMPAT_WATCHDOG": "2", "STALL": "1"} if world == 2 else {}
-    protected = run_ranks(SCRIPT, world, args=("fsdp",), env=stall, timeout=120)
+    protected = run_ranks(SCRIPT, world, args=("fsdp", saved), env=stall, timeout=120)
     plain = run_ranks(
         SCRIPT, world, args=("fsdp",), env={"DISTCOMPAT_PROTECT_GROUP": "off"}, timeout=120
     )
@@ -129,6 +134,24 @@ def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(world: int) -> 
         output = "".join(r.stdout + r.stderr for r in protected)
         sleep_line = _line_of("time.sleep(7)", 3)
         assert re.search(rf"rank 1.*_protected_script\.py:{sleep_line}", output)
+    other = 5 - world
+    loaded = run_ranks(SCRIPT, other, args=("fsdp-load", saved), timeout=120)
+    assert [r.returncode for r in loaded] == [0] * other, [r.stderr[-2000:] for r in loaded]
+    assert _said(loaded, 0, "fsdp state") == _said(protected, 0, "fsdp state")
+
+
+def test_hsdp_on_a_two_dimensional_mesh_gives_plain_gloos_bits() -> None:
+    """HSDP (FSDP2 on a 2 x 2 mesh: sharded across pairs, replicated between them) on 4 ranks:
+    the losses and the full state dict are plain gloo's, bit for bit (each reduction adds two
+    terms: the same in any order)."""
+    protected = run_ranks(SCRIPT, 4, args=("hsdp",), timeout=180)
+    plain_env = {"DISTCOMPAT_PROTECT_GROUP": "off"}
+    plain = run_ranks(SCRIPT, 4, args=("hsdp",), env=plain_env, timeout=180)
+    for ended in (protected, plain):
+        assert [r.returncode for r in ended] == [0] * 4, [r.stderr[-2000:] for r in ended]
+    for rank in range(4):
+        for what in ("fsdp losses", "fsdp state"):
+            assert _said(protected, rank, what) == _said(plain, rank, what), (rank, what)
 
 
 @functools.cache

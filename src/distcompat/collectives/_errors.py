@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from distcompat.collectives._group import global_rank
-from distcompat.collectives._peers import lost_peers, stopped_peers
+from distcompat.collectives._peers import farewells, lost_peers, stopped_peers
 
 __all__ = [
     "CollectiveError",
@@ -101,8 +101,9 @@ def translate(exc: BaseException, op: str, group: Any) -> BaseException:
         return exc
     peers = _at_fault(group, kind is PeerLostError, text)
     named = f" (rank{'s' if len(peers) > 1 else ''} {', '.join(map(str, peers))})" if peers else ""
+    said = farewells(peers) if kind is PeerLostError else ""
     error = kind(
-        f"{op}: {what}{named}. Backend said: {text}",
+        f"{op}: {what}{named}{said}. Backend said: {text}",
         op=op,
         peer=peers[0] if peers else None,
         peers=peers,

@@ -33,16 +33,35 @@ import struct
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
 
 from distcompat.collectives._group import global_rank
 from distcompat.collectives._store import QuickStore, StoreUnreachable
 
-__all__ = ["Identity", "gone_peers", "lost_peers", "publish", "stopped_peers"]
+__all__ = [
+    "LEFT",
+    "Identity",
+    "Lost",
+    "Watcher",
+    "farewell",
+    "farewells",
+    "gone_peers",
+    "identities_of",
+    "is_alive",
+    "leave_farewell",
+    "lost_peers",
+    "publish",
+    "same_machine",
+    "stopped_peers",
+    "watcher",
+]
 
 _KEY = "distcompat/peer/rank{}"
+_FAREWELL = "distcompat/peer/farewell/rank{}"
+#: The longest farewell kept (characters): a message can be a whole tensor's repr.
+_FAREWELL_CHARS = 300
 _ADDRESS = re.compile(r"\[([0-9a-fA-F:.]+)\]:\d+")
 _SETTLE_S = 0.5  # a killed process is a zombie within milliseconds of its sockets closing
 _SIOCGIFADDR = 0x8915
@@ -73,6 +92,45 @@ class Identity:
         """Read an identity written by :meth:`to_json`."""
         data = json.loads(text)
         return cls(**{**data, "addrs": tuple(data["addrs"])})
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    """A peer whose process ended: when it was seen (``time.time()``), and its last words."""
+
+    rank: int
+    pid: int
+    host: str
+    seen: float
+    farewell: str = ""  # "ValueError: bad batch at train.py:88", when the rank left one
+
+    def describe(self) -> str:
+        """One line: which rank ended, and why when it said so.
+
+        Example:
+            >>> Lost(1, 4121, "node3", 0.0, "ValueError: bad at train.py:88").describe()
+            'rank 1 (pid 4121 on node3) exited after ValueError: bad at train.py:88'
+            >>> Lost(1, 4121, "node3", 0.0).describe()
+            'rank 1 (pid 4121 on node3) ended'
+        """
+        why = f"exited after {self.farewell}" if self.farewell else "ended"
+        return f"rank {self.rank} (pid {self.pid} on {self.host}) {why}"
+
+
+class Watcher(Protocol):
+    """What watches this machine's peers as they run (``_peer_watch``, a layer above)."""
+
+    def lost(self) -> dict[int, Lost]:
+        """Return the peers seen to end (global rank -> :class:`Lost`)."""
+        ...
+
+    def settle(self, ranks: tuple[int, ...]) -> dict[int, Lost]:
+        """Record the end of each of ``ranks`` seen gone now (its line written); all losses."""
+        ...
+
+
+#: The running watch, installed by ``_peer_watch.start``; None: ``/proc`` is read instead.
+watcher: Watcher | None = None
 
 
 def _read(path: str) -> str:
@@ -156,6 +214,105 @@ def _asked(store: Any) -> QuickStore:
     return _quick[1]
 
 
+def identities_of(ranks: set[int]) -> dict[int, Identity]:
+    """Return the identities among ``ranks`` (global) published so far; never blocks long.
+
+    Example:
+        >>> identities_of({1})   # no process group: none
+        {}
+    """
+    store = _store()
+    if store is None:
+        return {}
+    quick = _asked(store)
+    found: dict[int, Identity] = {}
+    for rank in sorted(ranks):
+        name = _KEY.format(rank)
+        try:
+            if quick.check([name]):
+                found[rank] = Identity.from_json(quick.get(name))
+        except (StoreUnreachable, ValueError, KeyError, TypeError):
+            break  # the store does not answer: asked again later
+    return found
+
+
+#: The farewell of a rank that ended on purpose: its group destroyed, or its script done.
+LEFT = "left"
+
+
+def leave_farewell(exc: BaseException | None) -> None:
+    """Write why this rank is ending, for its peers: ``exc`` and where, or (None) on purpose.
+
+    An exception's farewell is never overwritten by a later "left".
+
+    Called by ``diagnostics._exit`` (the exception hook, then at exit) and by destroy, before
+    the process ends; a peer that sees this rank end names the exception (:func:`farewell`), or
+    says nothing when it left on purpose.
+
+    Example:
+        >>> leave_farewell(ValueError("bad batch"))   # no process group: nothing to write to
+    """
+    global _farewell_left
+    store = _store()
+    if store is None or (exc is None and _farewell_left):
+        return
+    if exc is None:
+        text = LEFT
+    else:
+        where = ""
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None:
+            where = f" at {os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+        said = str(exc).splitlines()[0] if str(exc) else ""
+        text = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
+        if len(text) > _FAREWELL_CHARS:
+            text = text[: _FAREWELL_CHARS - 3] + "..."
+        text += where
+        _farewell_left = True
+    with contextlib.suppress(StoreUnreachable, RuntimeError, ValueError):
+        _asked(store).set(_FAREWELL.format(dist.get_rank()), text)
+
+
+_farewell_left = False  # an exception's farewell was written: a later "left" must not replace it
+
+
+def farewell(rank: int) -> str:
+    """Return what ``rank`` (global) left when it ended (:func:`leave_farewell`), or "".
+
+    Example:
+        >>> farewell(1)
+        ''
+    """
+    store = _store()
+    if store is None:
+        return ""
+    quick = _asked(store)
+    name = _FAREWELL.format(rank)
+    try:
+        return quick.get(name).decode() if quick.check([name]) else ""
+    except (StoreUnreachable, RuntimeError, ValueError, UnicodeDecodeError):
+        return ""
+
+
+def farewells(ranks: tuple[int, ...]) -> str:
+    """Return "; rank R exited after ..." for each of ``ranks`` that left a farewell, else "".
+
+    Example:
+        >>> farewells((1,))
+        ''
+    """
+    watched = watcher.settle(ranks) if watcher is not None else {}  # its line before this error
+    said = []
+    for rank in ranks:
+        seen = watched.get(rank)
+        text = seen.farewell if seen is not None and seen.farewell else farewell(rank)
+        if text and text != LEFT:
+            said.append(f"rank {rank} exited after {text}")
+    return "".join(f"; {one}" for one in said)
+
+
 def _identities(group: Any) -> dict[int, Identity]:
     """Return the published identities of ``group``'s other members (global rank -> identity).
 
@@ -193,6 +350,17 @@ def _on_this_machine(peers: dict[int, Identity]) -> dict[int, Identity]:
     """Return the peers whose pid names a process here (same boot and pid namespace)."""
     here = _machine()
     return {rank: peer for rank, peer in peers.items() if here and peer.machine == here}
+
+
+def same_machine(peer: Identity) -> bool:
+    """Return True when ``peer``'s pid names a process here (same boot and pid namespace)."""
+    here = _machine()
+    return bool(here) and peer.machine == here
+
+
+def is_alive(peer: Identity) -> bool:
+    """Return True while ``peer``'s process (on this machine) runs and has not exited."""
+    return not _dead(peer)
 
 
 def _dead(peer: Identity) -> bool:
@@ -235,6 +403,11 @@ def gone_peers(group: Any) -> tuple[int, ...]:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return ()
+    seen = watcher.lost() if watcher is not None else None
+    if seen:  # the watch saw them end; a member of another group is not this group's loss
+        members = {global_rank(group, r) for r in range(dist.get_world_size(group))}
+        if members & set(seen):
+            return tuple(sorted(members & set(seen)))
     local = _on_this_machine(_identities(group))
     return tuple(sorted(rank for rank, peer in local.items() if _dead(peer)))
 

@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.collectives._peers import gone_peers
+from distcompat.collectives._peers import farewells, gone_peers
 
 __all__ = [
     "POLL",
@@ -259,7 +259,8 @@ def until(
             if gone:
                 raise PeerLostError(
                     f"{wait.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-                    f"{', '.join(map(str, gone))}) while this rank waited {wait.describe()}",
+                    f"{', '.join(map(str, gone))}) while this rank waited {wait.describe()}"
+                    f"{farewells(gone)}",
                     op=wait.op,
                     peer=gone[0],
                     peers=gone,

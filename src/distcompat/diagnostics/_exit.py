@@ -11,6 +11,9 @@ its traceback and then stay alive until the group timeout (measured: 38 s of a 6
 
     install()            # sys.excepthook (chained) and an atexit check; idempotent
 
+* Every unhandled exception is first written to the store as this rank's farewell
+  (``_peers.leave_farewell``, one bounded request): a peer that sees this rank end says which
+  exception ended it and where (``rank 1 exited after ValueError: ... at train.py:88``).
 * An unhandled exception whose chain (``__cause__``/``__context__``) holds a
   :class:`~distcompat.CollectiveTimeoutError` or :class:`~distcompat.PeerLostError` is printed
   by the previous hook as usual; then a deadline of :data:`EXIT_GRACE_S` seconds is armed and
@@ -36,6 +39,7 @@ import sys
 from types import TracebackType
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
+from distcompat.collectives._peers import leave_farewell
 
 __all__ = [
     "EXIT_GRACE_S",
@@ -133,6 +137,7 @@ def install() -> None:
 
 
 def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackType | None) -> None:
+    leave_farewell(value)  # first: the peers that see this rank end name the exception
     previous = _state.previous if callable(_state.previous) else sys.__excepthook__
     previous(kind, value, tb)
     failure = declared_failure(value)
@@ -141,6 +146,7 @@ def _excepthook(kind: type[BaseException], value: BaseException, tb: TracebackTy
 
 
 def _at_exit() -> None:
+    leave_farewell(None)  # the script ended (unless an exception's farewell was written)
     if _state.noted is not None:
         _arm(_state.noted)
 

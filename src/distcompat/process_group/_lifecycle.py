@@ -275,11 +275,16 @@ def destroy_distributed() -> None:
         state.environ.withdraw()  # the variables init set, where they still hold its values
     if state is None or not state.info.has_group:
         return
-    from distcompat.collectives._store import shut_down  # imported by init already
+    # imported by init already (it says why they are late)
+    from distcompat.collectives._peer_watch import stop as stop_watching
+    from distcompat.collectives._peers import leave_farewell
+    from distcompat.collectives._store import shut_down
+    from distcompat.collectives.shm._path import close_all
 
+    stop_watching()
     if state.info.adopted:
-        # The group is its owner's; the store connections distcompat made for its watchdog and
-        # mismatch check are not: a clone left to the process exit can abort it (issue 28).
+        # The group is its owner's; the threads distcompat started beside it are not (the
+        # store requests' thread: a thread left to the process exit can abort it, issue 28).
         shut_down()
         return
     # init_distributed imported the diagnostics already (it says why they are late)
@@ -295,10 +300,9 @@ def destroy_distributed() -> None:
         )
         return
     if dist.is_initialized():
+        leave_farewell(None)  # its peers' watches see it leave on purpose, not a loss
         _destroy_group()
-    from distcompat.collectives.shm._path import close_all
-
-    close_all()
+    close_all()  # the engines of groups torch keeps alive after destroy (threads, segments)
     shut_down()
 
 

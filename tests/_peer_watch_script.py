@@ -1,0 +1,56 @@
+"""Rank script for tests/test_collectives_peer_watch.py: a peer that ends, every default on.
+
+    python _peer_watch_script.py SCENARIO DIR      # under run_ranks or torchrun, 2 ranks
+
+Rank 0 waits in an all_reduce that rank 1 never joins; rank 1, 1 s in, ends:
+
+* ``kill``: SIGKILLs itself (after writing the time to ``DIR/killed``);
+* ``raise``: raises ValueError outside any collective (an unhandled exception);
+* ``leave``: destroys its group and exits 0 (rank 0 sleeps instead of waiting, then leaves).
+
+Rank 0 prints ``rank 0: raised TYPE: MESSAGE`` for the error its all_reduce raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import torch
+
+import distcompat.distributed as dist
+
+
+def main() -> None:
+    scenario, directory = sys.argv[1], sys.argv[2]
+    logging.basicConfig(format="%(message)s")  # the watch's line, as a script's logging shows it
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    dist.all_reduce(torch.ones(1))  # every rank is up, and the watch has its peers
+    if rank == 1:
+        time.sleep(1)
+        if scenario == "kill":
+            with open(os.path.join(directory, "killed"), "w") as out:
+                out.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        if scenario == "raise":
+            raise ValueError("bad batch 7")
+        dist.destroy_process_group()
+        return
+    if scenario == "leave":
+        time.sleep(3)  # rank 1 leaves meanwhile
+        dist.destroy_process_group()
+        print("rank 0: left", flush=True)
+        return
+    try:
+        dist.all_reduce(torch.ones(1))
+    except Exception as exc:  # the outcome under test
+        print(f"rank 0: raised {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
