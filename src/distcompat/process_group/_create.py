@@ -27,6 +27,7 @@ from distcompat.launch._placement import (
     resolve_device,
 )
 from distcompat.launch._settings import choose_protection
+from distcompat.process_group._init_watch import watched
 
 __all__ = ["DistInitError", "adopt_group", "create_group", "single_process"]
 
@@ -211,8 +212,13 @@ def create_group(
     backend: str | None,
     timeout: float | timedelta | None,
     launch: LaunchEnv,
+    watch_s: float | None = None,
 ) -> DistInfo:
-    """Rendezvous through a fresh store prefix and create the default group for ``launch``."""
+    """Rendezvous through a fresh store prefix and create the default group for ``launch``.
+
+    ``watch_s``: the watchdog's threshold; past it, the phase init waits in is reported, and
+    the ranks that have not arrived (``_init_watch``). None: not watched.
+    """
     host = probe_host()
     chosen: DeviceChoice = resolve_device(
         device, local_rank=launch.local_rank, env=launch, host=host
@@ -220,21 +226,25 @@ def create_group(
     picked: BackendChoice = choose_backend(chosen.device, backend, host=host)
     waited: TimeoutChoice = choose_timeout(timeout)
     _bind(chosen)
-    store = _make_store(launch, waited.timeout)
-    # Each rank counts its own inits in the store; ranks init together, so the counts agree and
-    # every generation rendezvouses under keys no earlier group has written.
-    generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
-    keep_rendezvous(store, generation)
-    _import_before_the_group()
-    protection = choose_protection(picked.backend)
-    dist.init_process_group(
-        backend=_protected_backend() if protection.on else picked.backend,
-        store=dist.PrefixStore(f"distcompat/generation{generation}", store),
-        rank=launch.rank,
-        world_size=launch.world_size,
-        timeout=waited.timeout,
-        device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
-    )
+    owner = "the launcher's agent" if launch.agent_store else "rank 0"
+    where = f"{launch.master_addr}:{launch.master_port} (hosted by {owner})"
+    with watched(watch_s, launch.rank, launch.world_size, where) as watch:
+        store = _make_store(launch, waited.timeout)
+        # Each rank counts its own inits in the store; ranks init together, so the counts agree
+        # and every generation rendezvouses under keys no earlier group has written.
+        generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
+        watch.arrived(store, f"distcompat/arrived/generation{generation}")
+        keep_rendezvous(store, generation)
+        _import_before_the_group()
+        protection = choose_protection(picked.backend)
+        dist.init_process_group(
+            backend=_protected_backend() if protection.on else picked.backend,
+            store=dist.PrefixStore(f"distcompat/generation{generation}", store),
+            rank=launch.rank,
+            world_size=launch.world_size,
+            timeout=waited.timeout,
+            device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
+        )
     _publish_identity()  # so a lost peer can be named in groups larger than two
     return DistInfo(
         rank=launch.rank,

@@ -54,6 +54,7 @@ import torch.distributed as dist
 from distcompat._ranks import DistInfo, group_active, record
 from distcompat.launch import LaunchEnv
 from distcompat.launch._flight_recorder import plan_flight_recorder
+from distcompat.launch._placement import choose_timeout
 from distcompat.launch._settings import WatchdogChoice, choose_mismatch_check, choose_watchdog
 from distcompat.process_group._create import adopt_group, create_group, single_process
 from distcompat.process_group._environ import (
@@ -209,7 +210,8 @@ def _initialize(request: _Request, env: LaunchEnv | None, made_by: str | None) -
             flight.make_folder()
             if flight.reason:
                 writes.set(flight.values, flight.reason)
-            info = create_group(device, backend, timeout, launch)
+            early = choose_watchdog(watchdog, group_timeout=choose_timeout(timeout).timeout)
+            info = create_group(device, backend, timeout, launch, watch_s=early.seconds)
         except BaseException:
             writes.withdraw()
             raise

@@ -27,8 +27,9 @@ import torch.distributed as dist
 from distcompat._ranks import recorded
 from distcompat.launch import LaunchEnv, LaunchEnvError
 from distcompat.launch._placement import choose_timeout
-from distcompat.launch._settings import choose_protection
+from distcompat.launch._settings import choose_protection, choose_watchdog
 from distcompat.process_group._create import _protected_backend
+from distcompat.process_group._init_watch import watched
 from distcompat.process_group._lifecycle import _initialize, _normalize, destroy_distributed
 
 __all__ = ["destroy_process_group", "init_process_group", "monitored_barrier"]
@@ -97,17 +98,22 @@ def init_process_group(
         _initialize(request, launch, made_by=None)
         return
     protected = choose_protection(str(backend).lower() if backend is not None else "gloo").on
-    dist.init_process_group(
-        backend=_protected_backend() if protected else backend,
-        init_method=init_method,
-        timeout=choose_timeout(timeout).timeout,
-        world_size=world_size,
-        rank=rank,
-        store=store,
-        group_name=group_name,
-        pg_options=pg_options,
-        device_id=device_id,
-    )
+    waited = choose_timeout(timeout).timeout
+    early = choose_watchdog(None, group_timeout=waited).seconds
+    where = "the given store" if store is not None else str(init_method or "env://")
+    with watched(early, rank, world_size, where) as watch:
+        watch.phase("rendezvous (torch's init)")
+        dist.init_process_group(
+            backend=_protected_backend() if protected else backend,
+            init_method=init_method,
+            timeout=waited,
+            world_size=world_size,
+            rank=rank,
+            store=store,
+            group_name=group_name,
+            pg_options=pg_options,
+            device_id=device_id,
+        )
     how = f"made by distcompat.distributed.init_process_group (init_method={init_method!r}"
     _initialize(request, launch, made_by=how + (", store given)" if store is not None else ")"))
 
