@@ -1,10 +1,11 @@
-"""The ``distcompat`` command line: ``doctor``, ``diagnose``, ``demo`` and ``bench``.
+"""The ``distcompat`` command line: ``doctor``, ``diagnose``, ``dump``, ``demo`` and ``bench``.
 
 Example::
 
     distcompat doctor --device cpu
     torchrun --standalone --nproc-per-node=2 --no-python distcompat doctor
     distcompat diagnose /tmp/distcompat-hangs      # after a watchdog declared a hang
+    distcompat dump 4121                           # a live job: every rank dumps, goes on
     distcompat demo --out demo-out                 # train on 2 local gloo ranks, check, report
     distcompat bench --quick                       # nccl-tests-style table of your group
 """
@@ -12,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -79,6 +81,17 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     diagnose.add_argument("--job", default=None, help="the job to read (its name or a prefix)")
     diagnose.add_argument("--incident", type=int, default=None, help="the incident number")
+    dump = commands.add_parser(
+        "dump",
+        help="have every rank of a running job dump its stacks and collective history",
+        description=(
+            "Send SIGUSR2 to PID, any rank of a job distcompat initialized: every rank writes "
+            "its Python stacks and collective history (distcompat's JSON and torch's Flight "
+            "Recorder format) into the job's dump folder, and the job goes on. The rank asked "
+            "logs where, and names a rank that did not answer. Exits 1 when PID is not there."
+        ),
+    )
+    dump.add_argument("pids", metavar="PID", type=int, nargs="+", help="a rank's process id")
     # Imported here, not at the top: the demo imports distcompat.attention, which pulls in
     # torch._dynamo (heavy), and `distcompat doctor` should not pay for it.
     from distcompat.demo._cli import add_demo_parser
@@ -96,6 +109,25 @@ def _print_probe(device: str, backend: str | None) -> None:
             text = caps.table() if info.has_group else "no process group: nothing to probe"
             sys.stdout.write(text + "\n")
             sys.stdout.flush()
+
+
+def _ask_for_dump(pids: Sequence[int]) -> int:
+    """Send the dump signal to each of ``pids``; 1 when one of them could not be signalled."""
+    from distcompat.diagnostics._on_demand import SIGNAL  # light: signal and the hooks' state
+
+    code = 0
+    for pid in pids:
+        try:
+            os.kill(pid, SIGNAL)
+        except OSError as exc:
+            sys.stderr.write(f"distcompat dump: cannot signal pid {pid}: {exc.strerror}\n")
+            code = 1
+            continue
+        sys.stdout.write(
+            f"asked pid {pid} ({SIGNAL.name}): every rank of its job writes a dump under the "
+            f"job's folder in {default_dump_dir()} (its temporary folder); its log says where\n"
+        )
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,6 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             sys.stdout.write(found.text + "\n")
         return found.exit_code
+    if options.command == "dump":
+        return _ask_for_dump(options.pids)
     if options.command == "demo":
         from distcompat.demo._cli import run_demo_command  # heavy: see _build_parser
 

@@ -35,7 +35,10 @@ from distcompat.diagnostics._flight_dump import flight_dump, write_flight_dump
 from distcompat.diagnostics._records import Recorder
 from distcompat.diagnostics._report import HangReport, RankState
 
-__all__ = ["IncidentDesk"]
+__all__ = ["ON_DEMAND", "IncidentDesk"]
+
+#: How the trigger of a dump asked for (a signal, ``distcompat dump``) begins: no hang.
+ON_DEMAND = "on demand"
 
 _LOG = "distcompat.diagnostics"
 _BLAMED_STACKS = 8  # at most this many other ranks' stacks are fetched into a report
@@ -67,6 +70,8 @@ class IncidentDesk:
         self._handled_at = -1.0  # monotonic time it was handled
         self._cv = threading.Condition()
         self._request: tuple[str, float] | None = None  # (reason, op start) for the thread
+        self._dump_request: str | None = None  # an on-demand dump asked for (its trigger)
+        self.last_dump_report: HangReport | None = None  # the latest on-demand dump's report
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -133,6 +138,15 @@ class IncidentDesk:
                 self._handled_at = time.monotonic()
             return self.last_report
 
+    def request_dump(self, who: str) -> None:
+        """Have every rank write its stacks and collective history now; the job goes on.
+
+        ``who`` says who asked ("SIGUSR2 to rank 1"). Safe from a signal handler: it only sets
+        a field and wakes the thread, which raises the alarm with an on-demand trigger.
+        """
+        self._dump_request = f"{ON_DEMAND}: {who}"
+        self._wake.set()
+
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(self.config.poll_s)
@@ -147,6 +161,8 @@ class IncidentDesk:
                 reason = request[0] if request and self._handled_at < request[1] else None
             if reason is None:
                 reason = self._stalled_async()
+            if reason is None and self._dump_request is not None:
+                reason, self._dump_request = self._dump_request, None
             try:
                 self._handle(reason)
             except Exception as exc:  # never let the thread die: the report says what failed
@@ -172,7 +188,8 @@ class IncidentDesk:
         if channel is None:
             if reason is not None:
                 self._seen += 1  # incidents of this rank alone, numbered here
-                self._finish(self._local_report(reason, self.channel_reason))
+                report = self._local_report(reason, self.channel_reason)
+                self._finish(report, on_demand=reason.startswith(ON_DEMAND))
             return
         try:
             current = channel.current()
@@ -190,7 +207,8 @@ class IncidentDesk:
             trigger = channel.trigger(incident) or reason or "?"
             writer = channel.claim_report(incident)
         except ChannelError as exc:
-            self._finish(self._local_report(reason or "alarm", str(exc)))
+            on_demand = (reason or "").startswith(ON_DEMAND)
+            self._finish(self._local_report(reason or "alarm", str(exc)), on_demand=on_demand)
             return
         states[self.rank] = mine
         report = HangReport(
@@ -203,7 +221,7 @@ class IncidentDesk:
             job=self.job,
         )
         self._seen = incident
-        self._finish(report, writer=writer)
+        self._finish(report, writer=writer, on_demand=trigger.startswith(ON_DEMAND))
 
     def _with_stacks(
         self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
@@ -237,14 +255,20 @@ class IncidentDesk:
             job=self.job,
         )
 
-    def _finish(self, report: HangReport, *, writer: int | None = None) -> None:
+    def _finish(
+        self, report: HangReport, *, writer: int | None = None, on_demand: bool = False
+    ) -> None:
         """Write the dump, log the report (or a line that points to it), hand it to a waiter.
 
         ``writer`` is the rank that prints the report (None: this one, for a report of this
         rank alone); every other rank logs one line: where the report is, its first finding,
-        and this rank's own dump.
+        and this rank's own dump. An on-demand dump (``on_demand``) is logged as one and
+        changes nothing else: no hang was declared, no collective will raise.
         """
         path = self._write(report)
+        if on_demand:
+            self._finish_dump(report, path, self.rank if writer is None else writer)
+            return
         then = (
             "report-only: this rank keeps waiting, and the group timeout ends the wait if the "
             "late rank never comes"
@@ -269,6 +293,26 @@ class IncidentDesk:
             self._cv.notify_all()
         if self.poisoned:  # every call now takes the general path, whose pre-call refuses it
             _checked.step_aside()  # not _hooks.refresh(): its lock is held while a desk halts
+
+    def _finish_dump(self, report: HangReport, path: Path, printed_by: int) -> None:
+        """Log an on-demand dump: the full account where it was asked for, a line elsewhere."""
+        log = logging.getLogger(_LOG)
+        if printed_by == self.rank:
+            log.warning(
+                "[rank %d] on-demand dump %d of job %s (%s): every rank's stacks and collective "
+                "history are in %s (distcompat diagnose %s; torch's analyzer: python -m "
+                "torch.distributed.flight_recorder.fr_trace %s); the job goes on\n%s",
+                self.rank, report.incident, report.job, report.trigger, path.parent,
+                path.parent, path.parent, report.describe(),
+            )  # fmt: skip
+        else:
+            log.warning(
+                "[rank %d] on-demand dump %d of job %s: this rank's dump is %s",
+                self.rank, report.incident, report.job, path,
+            )  # fmt: skip
+        with self._cv:
+            self.last_dump_report = report
+            self._cv.notify_all()
 
     def pointer(self, report: HangReport) -> str | None:
         """Return the line that stands for ``report`` here, or None where this rank printed it.

@@ -129,6 +129,13 @@ class Watchdog:
         self._desk.launch()
         return self
 
+    def dump_now(self, who: str) -> None:
+        """Have every rank write its stacks and collective history now; nothing stops.
+
+        ``who`` says who asked; the dumps go where a hang's would (``diagnostics._on_demand``).
+        """
+        self._desk.request_dump(who)
+
     def stop(self) -> None:
         """Stop watching; an outer watchdog (if nested) takes over again."""
         if not self._active:

@@ -243,8 +243,10 @@ def _watch(info: DistInfo, choice: WatchdogChoice) -> tuple[Watchdog | None, Dis
         return None, replace(info, watchdog_reason=choice.reason)
     # init_distributed imported the diagnostics already (it says why they are late)
     from distcompat.diagnostics import watchdog as make_watchdog
+    from distcompat.diagnostics._on_demand import install as install_dump_signal
 
     started = make_watchdog(choice.seconds, action=choice.action).start()
+    install_dump_signal()  # kill -USR2 to any rank: every rank dumps where it is
     covers = started.why()
     return started, replace(info, watchdog_reason=f"{choice.reason}; covers {covers}")
 

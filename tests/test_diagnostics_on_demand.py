@@ -1,0 +1,86 @@
+"""A live job dumped on demand (``diagnostics._on_demand``, ``distcompat dump``).
+
+Real processes, every default on (the report-only watchdog init starts): 3 ranks, rank 1
+stopped (SIGSTOP) while the others wait for it in an all_reduce. ``distcompat dump`` signals
+rank 0; every answering rank writes its dump (distcompat's JSON and the Flight Recorder
+format), rank 0 logs the report naming rank 1, and after SIGCONT the job completes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from _rank_processes import Ended, run_ranks
+from distcompat.cli._diagnose import diagnose
+from distcompat.diagnostics._on_demand import install, request
+
+SCRIPT = Path(__file__).with_name("_dump_script.py")
+
+
+def _wait_for(check: object, what: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what} did not happen within {seconds:g}s"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return ""
+
+
+def test_a_dump_asked_of_any_rank_covers_every_rank_names_the_stopped_one_and_stops_nothing(
+    tmp_path: Path,
+) -> None:
+    env = {"TMPDIR": str(tmp_path)}  # the dumps go to <TMPDIR>/distcompat-hangs
+    ended: list[Ended] = []
+    runner = threading.Thread(
+        target=lambda: ended.extend(run_ranks(SCRIPT, 3, args=(str(tmp_path),), env=env,
+                                              timeout=120)),
+    )  # fmt: skip
+    runner.start()
+    pid = {}
+    try:
+        _wait_for(lambda: all((tmp_path / f"pid{r}").exists() for r in range(3)), "start")
+        pid = {r: int((tmp_path / f"pid{r}").read_text()) for r in range(3)}
+        _wait_for(lambda: _state(pid[1]) == "T", "rank 1's stop")
+        time.sleep(1)  # ranks 0 and 2 are in the all_reduce
+        asked = subprocess.run(
+            [sys.executable, "-m", "distcompat", "dump", str(pid[0])],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert asked.returncode == 0, asked.stderr
+        folder = tmp_path / "distcompat-hangs"
+        _wait_for(lambda: len(list(folder.glob("*/incident-*/rank*.json"))) >= 2, "the dumps")
+    finally:
+        if pid:
+            os.kill(pid[1], 18)  # SIGCONT
+        runner.join(150)
+    assert [r.returncode for r in ended] == [0, 0, 0], [r.stderr[-2000:] for r in ended]
+    assert all(f"rank {r}: sum 9" in ended[r].stdout for r in range(3))  # nothing stopped
+    said = ended[0].stderr
+    assert "on-demand dump 1 of job" in said
+    assert f"SIGUSR2 to rank 0 (pid {pid[0]})" in said
+    assert "rank 1 did not answer" in said
+    assert "on-demand dump 1 of job" in ended[2].stderr  # the other rank's line
+    incident = next(folder.glob("*/incident-1"))
+    written = {p.name for p in incident.glob("rank*.json")}
+    assert {"rank0.json", "rank2.json"} <= written  # rank 1 answers too, once resumed
+    flight = {p.name for p in incident.glob("comm_lib_trace_rank_*")}  # Flight Recorder format
+    assert {"comm_lib_trace_rank_0", "comm_lib_trace_rank_2"} <= flight
+    read = diagnose(str(folder))  # rank 1's late answer is read beside the others
+    assert read.exit_code == 0
+    assert f"trigger: on demand: SIGUSR2 to rank 0 (pid {pid[0]})" in read.text
+    assert "waiting in #1 all_reduce" in read.text
+
+
+def test_no_watchdog_no_dump() -> None:
+    assert install().split(":")[0] in ("installed", "not installed")
+    assert request("a test") is False
