@@ -1,10 +1,13 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, lint, typing, docs, launchers, build
+    nox                      # the default sessions: tests, comparisons, lint, typing, docs,
+                             # launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s conformance       # torch's own distributed tests through distcompat's group (long)
+    nox -s comparisons       # the programs compared with plain gloo bit for bit, once
+    nox -s soak              # the same, 20 times over (races)
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
 
 Every session installs torch first and explicitly: a bare ``torch`` requirement would pull the
@@ -22,7 +25,7 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "lint", "typing", "docs", "launchers", "build"]
+nox.options.sessions = ["tests", "comparisons", "lint", "typing", "docs", "launchers", "build"]
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -54,7 +57,8 @@ def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite on gloo multi-process groups (no GPU needed)."""
     install(session, "tests")
-    session.run("pytest", "-m", "not cuda", *session.posargs)
+    # -m replaces pyproject's: the plain-gloo comparisons run in their own session
+    session.run("pytest", "-m", "not cuda and not plain_gloo", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -79,6 +83,36 @@ def conformance(session: nox.Session) -> None:
     settings = ["-o", "addopts=", "-W", "ignore", "-p", "no:cacheprovider"]
     session.run("pytest", "conformance/test_torch_distributed.py", "-q", *settings,
                 *session.posargs)  # fmt: skip
+
+
+#: The tests marked ``plain_gloo``: a program run on the protected group and on plain gloo,
+#: compared bit for bit, where a race in the group shows as a hang or other bits (FSDP2 with its
+#: state dicts and DCP on another world size, HSDP, the functional mix that hung in issue 40,
+#: the differential random programs). Their own session keeps ``tests`` under 10 minutes.
+COMPARED = [
+    "tests/test_collectives_protected.py",
+    "tests/test_collectives_protected_differential.py",
+]
+
+
+@nox.session(python=PYTHON)
+def comparisons(session: nox.Session) -> None:
+    """The programs compared with plain gloo bit for bit, once (about 1.5 minutes on 2 cores)."""
+    install(session, "tests")
+    session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-p", "no:cacheprovider",
+                *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def soak(session: nox.Session) -> None:
+    """The comparisons ``SOAK_RUNS`` times (default 20) to catch races, stopping at the first
+    failure; about 30 minutes on 2 cores, so on demand (``-- -k fsdp`` picks)."""
+    install(session, "tests")
+    runs = int(os.environ.get("SOAK_RUNS", "20"))
+    for run in range(1, runs + 1):
+        session.log(f"soak run {run} of {runs}")
+        session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-x", "-p", "no:cacheprovider",
+                    *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON)

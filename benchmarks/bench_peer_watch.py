@@ -45,7 +45,7 @@ def _rank(pairs: int, calls: int) -> None:
     on, off, ratios = [], [], []
     for index in range(pairs):
         took = {}
-        for side in (("on", "off") if index % 2 == 0 else ("off", "on")):
+        for side in ("on", "off") if index % 2 == 0 else ("off", "on"):
             if side == "off":
                 _peer_watch.stop()
                 time.sleep(0.2)
@@ -59,7 +59,8 @@ def _rank(pairs: int, calls: int) -> None:
     if rank == 0:
         print(f"watch running  median {statistics.median(on) * 1e6:.1f} us per all_reduce")
         print(f"watch stopped  median {statistics.median(off) * 1e6:.1f} us per all_reduce")
-        print(f"ratio (running / stopped), median of {pairs} pairs: {statistics.median(ratios):.3f}")
+        ratio = statistics.median(ratios)
+        print(f"ratio (running / stopped), median of {pairs} pairs: {ratio:.3f}")
     dist.destroy_process_group()
 
 

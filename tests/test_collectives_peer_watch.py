@@ -11,11 +11,12 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from _rank_processes import run_ranks
+from _rank_processes import Ended, run_ranks
 from distcompat.collectives import _peer_watch
 from distcompat.collectives._peers import Lost
 
@@ -60,8 +61,22 @@ def test_under_torchrun_the_line_comes_before_the_agent_stops_the_survivor(
     assert _seen_after_kill(ran.stdout + ran.stderr, tmp_path) < 0.1
 
 
-def test_an_exception_that_ends_a_peer_is_told_to_the_survivor(tmp_path: Path) -> None:
-    ranks = run_ranks(SCRIPT, 2, args=("raise", str(tmp_path)), timeout=120)
+@pytest.fixture(scope="module")
+def ended_on_purpose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Ended]]:
+    """The ``raise`` and ``leave`` jobs, at once (their timing is not under test)."""
+    with ThreadPoolExecutor(2) as pool:
+        futures = {
+            scenario: pool.submit(run_ranks, SCRIPT, 2, args=(scenario, str(
+                tmp_path_factory.mktemp(scenario))), timeout=120)
+            for scenario in ("raise", "leave")
+        }  # fmt: skip
+        return {scenario: future.result() for scenario, future in futures.items()}
+
+
+def test_an_exception_that_ends_a_peer_is_told_to_the_survivor(
+    ended_on_purpose: dict[str, list[Ended]],
+) -> None:
+    ranks = ended_on_purpose["raise"]
     assert ranks[1].returncode == 1
     assert ranks[0].returncode == 3, ranks[0].stderr[-3000:]
     line = _line_of('raise ValueError("bad batch 7")')
@@ -74,8 +89,10 @@ def test_an_exception_that_ends_a_peer_is_told_to_the_survivor(tmp_path: Path) -
     assert f"rank 1 {why}" in raised
 
 
-def test_a_peer_that_leaves_on_purpose_is_not_reported(tmp_path: Path) -> None:
-    ranks = run_ranks(SCRIPT, 2, args=("leave", str(tmp_path)), timeout=120)
+def test_a_peer_that_leaves_on_purpose_is_not_reported(
+    ended_on_purpose: dict[str, list[Ended]],
+) -> None:
+    ranks = ended_on_purpose["leave"]
     assert [r.returncode for r in ranks] == [0, 0], ranks[0].stderr[-3000:]
     assert "rank 0: left" in ranks[0].stdout
     assert "distcompat: rank 1" not in ranks[0].stderr

@@ -102,6 +102,7 @@ def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None
             assert step == "7"
 
 
+@pytest.mark.plain_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(
     world: int, tmp_path: Path
@@ -140,6 +141,7 @@ def test_fsdp2_trains_to_plain_gloos_losses_and_a_stall_is_named(
     assert _said(loaded, 0, "fsdp state") == _said(protected, 0, "fsdp state")
 
 
+@pytest.mark.plain_gloo
 def test_hsdp_on_a_two_dimensional_mesh_gives_plain_gloos_bits() -> None:
     """HSDP (FSDP2 on a 2 x 2 mesh: sharded across pairs, replicated between them) on 4 ranks:
     the losses and the full state dict are plain gloo's, bit for bit (each reduction adds two
@@ -161,6 +163,7 @@ def _plain_functional() -> list[Ended]:
     return run_ranks(SCRIPT, 2, args=("functional", "30"), env=plain, timeout=120)
 
 
+@pytest.mark.plain_gloo
 @SHM
 def test_functional_collectives_between_distcompat_calls_match_plain_gloo(shm: str) -> None:
     """The mix that hung in 2 of 3 runs (issue 40): distcompat all_reduces, sync and async waited

@@ -228,6 +228,7 @@ def _both(program: list[tuple[Any, ...]]) -> tuple[str, str, bool]:
     return got, want, is_protected
 
 
+@pytest.mark.plain_gloo
 @pytest.mark.parametrize("world", [2, 3])
 def test_random_programs_give_plain_gloos_bits(world: int) -> None:
     """Hypothesis programs of 1-12 ops; see the module docstring for what they mix."""
