@@ -1,6 +1,6 @@
 """Rank script for tests/test_diagnostics_on_demand.py: a live job, one rank stopped.
 
-    python _dump_script.py DIR      # under run_ranks, 3 ranks, every default on
+    python _dump_script.py DIR      # under torchrun, 3 ranks, every default on
 
 Each rank writes its pid to ``DIR/pid<R>``; after one all_reduce rank 1 stops itself
 (SIGSTOP) and the others wait in the next one until the test resumes it (SIGCONT). Then every

@@ -46,19 +46,28 @@ def test_a_killed_peer_is_named_within_100_ms_and_the_wait_raises_peer_lost(
     assert re.search(r"raised PeerLostError: all_reduce: .*\(rank 1\)", ranks[0].stdout)
 
 
+@pytest.mark.parametrize("scenario", ["kill", "raise"])
 def test_under_torchrun_the_line_comes_before_the_agent_stops_the_survivor(
-    tmp_path: Path,
+    scenario: str, tmp_path: Path
 ) -> None:
     """torchrun's default ``--monitor-interval`` (0.1 s): its agent SIGTERMs rank 0 soon after
-    rank 1 dies; rank 0's line naming rank 1 is already written."""
+    rank 1 ends; rank 0's line naming rank 1 (and, for ``raise``, its exception) is already
+    written."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
     ran = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(SCRIPT), "kill", str(tmp_path)],
+         str(SCRIPT), scenario, str(tmp_path)],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
     assert ran.returncode != 0
-    assert _seen_after_kill(ran.stdout + ran.stderr, tmp_path) < 0.1
+    said = ran.stdout + ran.stderr
+    if scenario == "kill":
+        assert _seen_after_kill(said, tmp_path) < 0.1
+        return
+    match = SEEN.search(said)
+    assert match, said[-3000:]
+    line = _line_of('raise ValueError("bad batch 7")')
+    assert match.group(1) == f"exited after ValueError: bad batch 7 at _peer_watch_script.py:{line}"
 
 
 @pytest.fixture(scope="module")

@@ -1,21 +1,20 @@
 """A live job dumped on demand (``diagnostics._on_demand``, ``distcompat dump``).
 
-Real processes, every default on (the report-only watchdog init starts): 3 ranks, rank 1
-stopped (SIGSTOP) while the others wait for it in an all_reduce. ``distcompat dump`` signals
-rank 0; every answering rank writes its dump (distcompat's JSON and the Flight Recorder
-format), rank 0 logs the report naming rank 1, and after SIGCONT the job completes.
+Real processes under torchrun, every default on (the report-only watchdog init starts): 3
+ranks, rank 1 stopped (SIGSTOP) while the others wait for it in an all_reduce. ``distcompat
+dump`` signals rank 0; every answering rank writes its dump (distcompat's JSON and the Flight
+Recorder format), rank 0 logs the report naming rank 1, and after SIGCONT the job completes.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from _rank_processes import Ended, run_ranks
 from distcompat.cli._diagnose import diagnose
 from distcompat.diagnostics._on_demand import install, request
 
@@ -39,13 +38,13 @@ def _state(pid: int) -> str:
 def test_a_dump_asked_of_any_rank_covers_every_rank_names_the_stopped_one_and_stops_nothing(
     tmp_path: Path,
 ) -> None:
-    env = {"TMPDIR": str(tmp_path)}  # the dumps go to <TMPDIR>/distcompat-hangs
-    ended: list[Ended] = []
-    runner = threading.Thread(
-        target=lambda: ended.extend(run_ranks(SCRIPT, 3, args=(str(tmp_path),), env=env,
-                                              timeout=120)),
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+    env["TMPDIR"] = str(tmp_path)  # the dumps go to <TMPDIR>/distcompat-hangs
+    job = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+         str(SCRIPT), str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
-    runner.start()
     pid = {}
     try:
         _wait_for(lambda: all((tmp_path / f"pid{r}").exists() for r in range(3)), "start")
@@ -61,15 +60,14 @@ def test_a_dump_asked_of_any_rank_covers_every_rank_names_the_stopped_one_and_st
         _wait_for(lambda: len(list(folder.glob("*/incident-*/rank*.json"))) >= 2, "the dumps")
     finally:
         if pid:
-            os.kill(pid[1], 18)  # SIGCONT
-        runner.join(150)
-    assert [r.returncode for r in ended] == [0, 0, 0], [r.stderr[-2000:] for r in ended]
-    assert all(f"rank {r}: sum 9" in ended[r].stdout for r in range(3))  # nothing stopped
-    said = ended[0].stderr
-    assert "on-demand dump 1 of job" in said
+            os.kill(pid[1], signal.SIGCONT)
+        said, _ = job.communicate(timeout=150)
+    assert job.returncode == 0, said[-3000:]
+    assert all(f"rank {r}: sum 9" in said for r in range(3))  # nothing stopped
+    assert "[rank 0] on-demand dump 1 of job" in said
     assert f"SIGUSR2 to rank 0 (pid {pid[0]})" in said
     assert "rank 1 did not answer" in said
-    assert "on-demand dump 1 of job" in ended[2].stderr  # the other rank's line
+    assert "[rank 2] on-demand dump 1 of job" in said  # the other rank's line
     incident = next(folder.glob("*/incident-1"))
     written = {p.name for p in incident.glob("rank*.json")}
     assert {"rank0.json", "rank2.json"} <= written  # rank 1 answers too, once resumed

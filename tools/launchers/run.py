@@ -5,6 +5,7 @@
     python tools/launchers/run.py --only slurm      # a prefix: every slurm-* launch
     python tools/launchers/run.py --only torchrun-elastic   # a rank killed, torchrun restarts
     python tools/launchers/run.py --only openmpi-rerun      # killed under mpirun, then re-run
+    python tools/launchers/run.py --only openmpi-kill-named # a lost peer named under mpirun
     python tools/launchers/run.py --list            # the names
 
 Prints ``launcher NAME: pass (N ranks, X s)`` or ``launcher NAME: FAIL <reason>`` per launcher and
@@ -40,6 +41,7 @@ from netns import TwoNodes
 from report import read_reports
 from slurm_cluster import SlurmCluster
 from verdict import Verdict, judge
+from watched import WATCHED, Watched
 
 #: Launcher variables of the caller (say, a run inside a Slurm job) that must not leak into the
 #: launches: each launch gets only what its own launcher sets.
@@ -90,6 +92,17 @@ def _launch_item(case: Case) -> Item:
     )
 
 
+def _watched_item(case: Watched) -> Item:
+    return Item(
+        kind="launcher",
+        name=case.name,
+        needs=case.needs,
+        timeout=case.timeout,
+        run=case.run,
+        binaries=_NEED_BINARIES[case.needs] + case.binaries,
+    )
+
+
 def _restart_item(restart: Restart) -> Item:
     return Item(
         kind="launcher",
@@ -105,6 +118,7 @@ def _restart_item(restart: Restart) -> Item:
 ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs == "host"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "host"),
+    *(_watched_item(w) for w in WATCHED if w.needs == "host"),
     *(_launch_item(case) for case in CASES if case.needs == "slurm"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
