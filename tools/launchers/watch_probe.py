@@ -3,6 +3,7 @@
     mpirun -np 2 python watch_probe.py late  --out DIR    # rank 1 sleeps 4 s before its init
     mpirun -np 2 python watch_probe.py kill  --out DIR    # rank 1 SIGKILLs itself in a wait
     mpirun -np 2 python watch_probe.py raise --out DIR    # rank 1 dies of a ValueError
+    mpirun -np 3 python watch_probe.py stop  --out DIR    # rank 1 SIGSTOPs itself in a wait
 
 Every rank uses the drop-in ``distcompat.distributed.init_process_group("gloo")`` with every
 default on (``DISTCOMPAT_WATCHDOG=2`` set by the case); the rank comes from whatever launcher
@@ -27,7 +28,7 @@ from distcompat.launch import LaunchEnv
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("late", "kill", "raise"))
+    parser.add_argument("mode", choices=("late", "kill", "raise", "stop"))
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(format="%(message)s")
@@ -35,8 +36,13 @@ def main() -> None:
     if args.mode == "late" and rank == 1:
         time.sleep(4)
     dist.init_process_group("gloo")
+    (args.out / f"pid{rank}").write_text(str(os.getpid()), encoding="utf-8")
     total = torch.ones(1)
     dist.all_reduce(total)
+    if args.mode == "stop":
+        if rank == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # until the case sends SIGCONT
+        dist.all_reduce(total)
     if args.mode in ("kill", "raise"):
         if rank == 1:
             time.sleep(1)

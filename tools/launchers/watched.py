@@ -12,6 +12,10 @@
 * ``openmpi-exception-told``: ``watch_probe.py raise``; rank 1 dies of an unhandled
   ``ValueError`` outside any collective. It passes when rank 0's line says which exception and
   where (``exited after ValueError: bad batch 7 at watch_probe.py:N``), within 1 s.
+* ``openmpi-dump``: ``watch_probe.py stop`` under ``mpirun -np 3``; rank 1 stops itself
+  (SIGSTOP) while the others wait in an all_reduce, and ``distcompat dump`` signals rank 0. It
+  passes when rank 0 logs the on-demand report naming rank 1, ranks 0 and 2 wrote their dumps,
+  and after SIGCONT the job completes (exit 0).
 
 The tests run the same under ``run_ranks`` and ``torchrun`` (tests/test_process_group_init_watch.py,
 tests/test_collectives_peer_watch.py); these are the other launcher, for real.
@@ -19,7 +23,11 @@ tests/test_collectives_peer_watch.py); these are the other launcher, for real.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,6 +127,65 @@ def openmpi_exception_told(ctx: Context) -> Verdict:
     )
 
 
+def _wait_for(check: Callable[[], bool], seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return ""
+
+
+def openmpi_dump(ctx: Context) -> Verdict:
+    out = ctx.work / "stop"
+    out.mkdir(parents=True, exist_ok=True)
+    argv = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "3", ctx.python,
+            str(WATCH_PROBE), "stop", "--out", str(out)]  # fmt: skip
+    env = {**ctx.env, "TMPDIR": str(out)}  # the dumps go to <TMPDIR>/distcompat-hangs
+    job = procs.start(argv, env=env, log=out / "stop.log", cwd=out)
+    pid: dict[int, int] = {}
+    problem = ""
+    try:
+        if not _wait_for(lambda: all((out / f"pid{r}").exists() for r in range(3)), 60):
+            problem = "the ranks did not start"
+        else:
+            pid = {r: int((out / f"pid{r}").read_text(encoding="utf-8")) for r in range(3)}
+            if not _wait_for(lambda: _state(pid[1]) == "T", 30):
+                problem = "rank 1 did not stop"
+        if not problem:
+            time.sleep(1)  # ranks 0 and 2 wait in the all_reduce
+            subprocess.run([str(ctx.bin / "distcompat"), "dump", str(pid[0])], env=ctx.env,
+                           capture_output=True, timeout=60, check=True)  # fmt: skip
+            dumps = out / "distcompat-hangs"
+            if not _wait_for(lambda: len(list(dumps.glob("*/incident-1/rank*.json"))) >= 2, 60):
+                problem = "no dumps from ranks 0 and 2"
+    finally:
+        if 1 in pid:
+            os.kill(pid[1], signal.SIGCONT)
+    finished = procs.wait(job, ctx.timeout)
+    said = finished.log.read_text(encoding="utf-8", errors="replace")
+    if problem:
+        return Verdict(ok=False, line=f"FAIL {problem}: {finished.tail()}")
+    for want in ("[rank 0] on-demand dump 1 of job", "rank 1 did not answer"):
+        if want not in said:
+            return Verdict(ok=False, line=f"FAIL rank 0 did not log {want!r}: {finished.tail()}")
+    written = sorted(p.name for p in out.glob("distcompat-hangs/*/incident-1/*"))
+    if finished.returncode != 0:
+        return Verdict(ok=False, line=f"FAIL the job did not complete: {finished.tail()}")
+    return Verdict(
+        ok=True,
+        line=f"pass (3 ranks, {finished.seconds:.1f} s; rank 1 stopped, dump asked of rank 0: "
+        f"the report names rank 1; {len(written)} files written; the job completed)",
+    )
+
+
 WATCHED = (
     Watched(name="openmpi-late-init", timeout=120, run=openmpi_late_init,
             binaries=("mpirun.openmpi",)),
@@ -126,4 +193,5 @@ WATCHED = (
             binaries=("mpirun.openmpi",)),
     Watched(name="openmpi-exception-told", timeout=120, run=openmpi_exception_told,
             binaries=("mpirun.openmpi",)),
+    Watched(name="openmpi-dump", timeout=180, run=openmpi_dump, binaries=("mpirun.openmpi",)),
 )  # fmt: skip
