@@ -17,6 +17,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -76,6 +77,8 @@ def cases(rank: int, world: int, directory: str) -> dict[str, Case]:
         init("gloo", init_method=f"file://{directory}/harness-{api}", rank=rank, world_size=world)
 
     def tcp(init: Any, port: int) -> None:
+        if rank != 0:  # torch's client retries a refused connection after seconds: rank 0 first
+            time.sleep(0.5)
         init("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
     def after_torch(init: Any, port: int) -> None:
