@@ -10,6 +10,12 @@ Each pair starts two fresh processes of one rank (``RANK=0``, ``WORLD_SIZE=1``, 
 and ``distcompat`` the same with ``import distcompat.distributed as dist``. The time is the
 process's wall clock from start to exit. Prints the median of each flavour and the median of the
 per-pair ratios (distcompat / torch: below 1.05 is the goal of issue 40).
+
+distcompat's modules are compiled to bytecode first (``compileall``), as ``pip install`` does
+for an installed package and did for torch's: from an editable checkout where nothing writes
+bytecode (``PYTHONDONTWRITEBYTECODE=1``, as on the project's VMs) every start compiles about
+60 modules again, some 15-40 ms that no installed distcompat pays. ``--no-compile`` measures
+that case instead.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 BODY = "import {module} as dist\ndist.init_process_group('gloo')\ndist.destroy_process_group()\n"
 FLAVOURS = {"torch": "torch.distributed", "distcompat": "distcompat.distributed"}
@@ -46,7 +53,14 @@ def _one(flavour: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=15)
+    parser.add_argument("--no-compile", action="store_true", help="leave the bytecode as it is")
     args = parser.parse_args()
+    if not args.no_compile:
+        import compileall
+
+        import distcompat
+
+        compileall.compile_dir(Path(distcompat.__file__).parent, quiet=1)
     _one("torch"), _one("distcompat")  # warm the page cache for both
     times: dict[str, list[float]] = {name: [] for name in FLAVOURS}
     ratios: list[float] = []
