@@ -39,8 +39,11 @@ __all__ = ["start", "stop", "supported"]
 
 _log = logging.getLogger("distcompat.peers")
 
-#: How often the thread asks the store for identities not yet published (seconds).
+#: How soon the thread asks the store again for identities not yet published (seconds); the
+#: pause doubles, up to :data:`_IDENTITY_POLL_MAX_S`, while no new one comes (a rank that never
+#: publishes, a store that does not answer).
 _IDENTITY_POLL_S = 0.05
+_IDENTITY_POLL_MAX_S = 5.0
 
 
 class _Watch:
@@ -62,10 +65,13 @@ class _Watch:
         poller = select.poll()
         poller.register(self.wake_read, select.POLLIN)
         pending = set(range(self.world)) - {self.me}
+        pause_s = _IDENTITY_POLL_S
         try:
             while not self.stopped:
                 if pending:
-                    for rank, peer in _peers.identities_of(pending).items():
+                    found = _peers.identities_of(pending)
+                    pause_s = _IDENTITY_POLL_S if found else min(2 * pause_s, _IDENTITY_POLL_MAX_S)
+                    for rank, peer in found.items():
                         pending.discard(rank)
                         if not _peers.same_machine(peer):
                             continue
@@ -76,7 +82,7 @@ class _Watch:
                             continue
                         watched[fd] = rank
                         poller.register(fd, select.POLLIN)
-                timeout_ms = int(_IDENTITY_POLL_S * 1000) if pending else None
+                timeout_ms = int(pause_s * 1000) if pending else None
                 for fd, _ in poller.poll(timeout_ms):
                     if fd == self.wake_read:
                         continue
