@@ -229,10 +229,10 @@ def identities_of(ranks: set[int]) -> dict[int, Identity]:
     for rank in sorted(ranks):
         name = _KEY.format(rank)
         try:
-            if quick.check([name]):
+            if quick.check([name]):  # never blocks: a rank that did not publish is skipped
                 found[rank] = Identity.from_json(quick.get(name))
         except (StoreUnreachable, ValueError, KeyError, TypeError):
-            break  # the store does not answer: asked again later
+            break  # the store does not answer (its host died, or a partition): later, again
     return found
 
 
@@ -323,32 +323,17 @@ def _identities(group: Any) -> dict[int, Identity]:
     known = _known.get(key)
     if known is not None:
         return known
-    store = _store()
-    if store is None:
-        return {}
-    quick = _asked(store)
-    me = dist.get_rank()
-    found: dict[int, Identity] = {}
-    others = 0
-    for group_rank in range(dist.get_world_size(group)):
-        rank = global_rank(group, group_rank)
-        name = _KEY.format(rank)
-        if rank == me:
-            continue
-        others += 1
-        try:
-            if quick.check([name]):  # never blocks: a rank that did not publish is skipped
-                found[rank] = Identity.from_json(quick.get(name))
-        except (StoreUnreachable, ValueError, KeyError):
-            return found  # the store does not answer (its host died, or a partition)
-    if len(found) == others:
+    others = {global_rank(group, r) for r in range(dist.get_world_size(group))}
+    others.discard(dist.get_rank())
+    found = identities_of(others)
+    if len(found) == len(others):
         _known[key] = found
     return found
 
 
 def _on_this_machine(peers: dict[int, Identity]) -> dict[int, Identity]:
     """Return the peers whose pid names a process here (same boot and pid namespace)."""
-    here = _machine()
+    here = _machine()  # read once for all of them: every wait's slice comes here
     return {rank: peer for rank, peer in peers.items() if here and peer.machine == here}
 
 
@@ -406,8 +391,9 @@ def gone_peers(group: Any) -> tuple[int, ...]:
     seen = watcher.lost() if watcher is not None else None
     if seen:  # the watch saw them end; a member of another group is not this group's loss
         members = {global_rank(group, r) for r in range(dist.get_world_size(group))}
-        if members & set(seen):
-            return tuple(sorted(members & set(seen)))
+        ended = members.intersection(seen)
+        if ended:
+            return tuple(sorted(ended))
     local = _on_this_machine(_identities(group))
     return tuple(sorted(rank for rank, peer in local.items() if _dead(peer)))
 

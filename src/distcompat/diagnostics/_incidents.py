@@ -71,7 +71,6 @@ class IncidentDesk:
         self._cv = threading.Condition()
         self._request: tuple[str, float] | None = None  # (reason, op start) for the thread
         self._dump_request: str | None = None  # an on-demand dump asked for (its trigger)
-        self.last_dump_report: HangReport | None = None  # the latest on-demand dump's report
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -188,8 +187,7 @@ class IncidentDesk:
         if channel is None:
             if reason is not None:
                 self._seen += 1  # incidents of this rank alone, numbered here
-                report = self._local_report(reason, self.channel_reason)
-                self._finish(report, on_demand=reason.startswith(ON_DEMAND))
+                self._finish(self._local_report(reason, self.channel_reason))
             return
         try:
             current = channel.current()
@@ -207,8 +205,7 @@ class IncidentDesk:
             trigger = channel.trigger(incident) or reason or "?"
             writer = channel.claim_report(incident)
         except ChannelError as exc:
-            on_demand = (reason or "").startswith(ON_DEMAND)
-            self._finish(self._local_report(reason or "alarm", str(exc)), on_demand=on_demand)
+            self._finish(self._local_report(reason or "alarm", str(exc)))
             return
         states[self.rank] = mine
         report = HangReport(
@@ -221,7 +218,7 @@ class IncidentDesk:
             job=self.job,
         )
         self._seen = incident
-        self._finish(report, writer=writer, on_demand=trigger.startswith(ON_DEMAND))
+        self._finish(report, writer=writer)
 
     def _with_stacks(
         self, channel: SideChannel, incident: int, states: dict[int, RankState | None]
@@ -255,18 +252,16 @@ class IncidentDesk:
             job=self.job,
         )
 
-    def _finish(
-        self, report: HangReport, *, writer: int | None = None, on_demand: bool = False
-    ) -> None:
+    def _finish(self, report: HangReport, *, writer: int | None = None) -> None:
         """Write the dump, log the report (or a line that points to it), hand it to a waiter.
 
         ``writer`` is the rank that prints the report (None: this one, for a report of this
         rank alone); every other rank logs one line: where the report is, its first finding,
-        and this rank's own dump. An on-demand dump (``on_demand``) is logged as one and
-        changes nothing else: no hang was declared, no collective will raise.
+        and this rank's own dump. An on-demand dump (its trigger begins with :data:`ON_DEMAND`)
+        is logged as one and changes nothing else: no hang was declared, no collective raises.
         """
         path = self._write(report)
-        if on_demand:
+        if report.trigger.startswith(ON_DEMAND):
             self._finish_dump(report, path, self.rank if writer is None else writer)
             return
         then = (
@@ -310,9 +305,6 @@ class IncidentDesk:
                 "[rank %d] on-demand dump %d of job %s: this rank's dump is %s",
                 self.rank, report.incident, report.job, path,
             )  # fmt: skip
-        with self._cv:
-            self.last_dump_report = report
-            self._cv.notify_all()
 
     def pointer(self, report: HangReport) -> str | None:
         """Return the line that stands for ``report`` here, or None where this rank printed it.
