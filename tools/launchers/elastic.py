@@ -45,7 +45,8 @@ KILL_RANK, KILL_STEP = 1, 14  # 2 ranks x 2 samples a step: 24 steps an epoch; s
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Restart:
-    """One restart scenario."""
+    """One scenario that runs itself into one verdict line: a restart here, a watch case in
+    ``watched.py``."""
 
     name: str
     timeout: float

@@ -41,7 +41,7 @@ from netns import TwoNodes
 from report import read_reports
 from slurm_cluster import SlurmCluster
 from verdict import Verdict, judge
-from watched import WATCHED, Watched
+from watched import WATCHED
 
 #: Launcher variables of the caller (say, a run inside a Slurm job) that must not leak into the
 #: launches: each launch gets only what its own launcher sets.
@@ -92,17 +92,6 @@ def _launch_item(case: Case) -> Item:
     )
 
 
-def _watched_item(case: Watched) -> Item:
-    return Item(
-        kind="launcher",
-        name=case.name,
-        needs=case.needs,
-        timeout=case.timeout,
-        run=case.run,
-        binaries=_NEED_BINARIES[case.needs] + case.binaries,
-    )
-
-
 def _restart_item(restart: Restart) -> Item:
     return Item(
         kind="launcher",
@@ -118,7 +107,7 @@ def _restart_item(restart: Restart) -> Item:
 ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs == "host"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "host"),
-    *(_watched_item(w) for w in WATCHED if w.needs == "host"),
+    *(_restart_item(w) for w in WATCHED if w.needs == "host"),
     *(_launch_item(case) for case in CASES if case.needs == "slurm"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),

@@ -29,11 +29,11 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import procs
-from cases import HERE, Context, Need
+from cases import HERE, Context
+from elastic import Restart
 from verdict import Verdict
 
 WATCH_PROBE = HERE / "watch_probe.py"
@@ -42,17 +42,6 @@ LATE_REPORT = re.compile(r"rank 0 has waited (\d+)s in init, in the rendezvous: 
 SEEN = re.compile(
     r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
 )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Watched:
-    """One watch scenario."""
-
-    name: str
-    timeout: float
-    run: Callable[[Context], Verdict]
-    needs: Need = "host"
-    binaries: tuple[str, ...] = ()
 
 
 def _mpirun(ctx: Context, mode: str, out: Path) -> procs.Finished:
@@ -84,17 +73,26 @@ def openmpi_late_init(ctx: Context) -> Verdict:
     )
 
 
-def openmpi_kill_named(ctx: Context) -> Verdict:
-    out = ctx.work / "kill"
-    finished = _mpirun(ctx, "kill", out)
-    said = finished.log.read_text(encoding="utf-8", errors="replace")
-    match = SEEN.search(said)
+def _rank_1_seen(ctx: Context, mode: str) -> tuple[procs.Finished, str, float] | Verdict:
+    """Run ``mode`` (rank 1 ends); return how the job ended, what rank 0's line said rank 1 did
+    (``ended``, ``exited after ...``) and how long after rank 1's end it was seen (seconds)."""
+    out = ctx.work / mode
+    finished = _mpirun(ctx, mode, out)
+    match = SEEN.search(finished.log.read_text(encoding="utf-8", errors="replace"))
     killed = out / "killed"
     if match is None or not killed.exists():
         return Verdict(ok=False, line=f"FAIL no line naming rank 1: {finished.tail()}")
-    if match.group(1) != "ended":
-        return Verdict(ok=False, line=f"FAIL a killed rank said something: {match.group(1)}")
-    after_ms = (float(match.group(2)) - float(killed.read_text(encoding="utf-8"))) * 1000
+    return finished, match.group(1), float(match.group(2)) - float(killed.read_text("utf-8"))
+
+
+def openmpi_kill_named(ctx: Context) -> Verdict:
+    seen = _rank_1_seen(ctx, "kill")
+    if isinstance(seen, Verdict):
+        return seen
+    finished, what, after_s = seen
+    if what != "ended":
+        return Verdict(ok=False, line=f"FAIL a killed rank said something: {what}")
+    after_ms = after_s * 1000
     if after_ms > 100:
         return Verdict(ok=False, line=f"FAIL rank 1 named {after_ms:.0f} ms after its kill")
     return Verdict(
@@ -105,19 +103,15 @@ def openmpi_kill_named(ctx: Context) -> Verdict:
 
 
 def openmpi_exception_told(ctx: Context) -> Verdict:
-    out = ctx.work / "raise"
-    finished = _mpirun(ctx, "raise", out)
-    said = finished.log.read_text(encoding="utf-8", errors="replace")
-    match = SEEN.search(said)
-    killed = out / "killed"
-    if match is None or not killed.exists():
-        return Verdict(ok=False, line=f"FAIL no line naming rank 1: {finished.tail()}")
+    seen = _rank_1_seen(ctx, "raise")
+    if isinstance(seen, Verdict):
+        return seen
+    finished, what, after_s = seen
     line = next(i for i, text in enumerate(WATCH_PROBE.read_text().splitlines(), 1)
                 if 'raise ValueError("bad batch 7")' in text)  # fmt: skip
     want = f"exited after ValueError: bad batch 7 at watch_probe.py:{line}"
-    if match.group(1) != want:
-        return Verdict(ok=False, line=f"FAIL rank 0 said {match.group(1)!r}, not {want!r}")
-    after_s = float(match.group(2)) - float(killed.read_text(encoding="utf-8"))
+    if what != want:
+        return Verdict(ok=False, line=f"FAIL rank 0 said {what!r}, not {want!r}")
     if after_s > 1.0:
         return Verdict(ok=False, line=f"FAIL told {after_s:.2f} s after the exception")
     return Verdict(
@@ -187,11 +181,11 @@ def openmpi_dump(ctx: Context) -> Verdict:
 
 
 WATCHED = (
-    Watched(name="openmpi-late-init", timeout=120, run=openmpi_late_init,
+    Restart(name="openmpi-late-init", timeout=120, run=openmpi_late_init,
             binaries=("mpirun.openmpi",)),
-    Watched(name="openmpi-kill-named", timeout=120, run=openmpi_kill_named,
+    Restart(name="openmpi-kill-named", timeout=120, run=openmpi_kill_named,
             binaries=("mpirun.openmpi",)),
-    Watched(name="openmpi-exception-told", timeout=120, run=openmpi_exception_told,
+    Restart(name="openmpi-exception-told", timeout=120, run=openmpi_exception_told,
             binaries=("mpirun.openmpi",)),
-    Watched(name="openmpi-dump", timeout=180, run=openmpi_dump, binaries=("mpirun.openmpi",)),
+    Restart(name="openmpi-dump", timeout=180, run=openmpi_dump, binaries=("mpirun.openmpi",)),
 )  # fmt: skip
