@@ -37,6 +37,7 @@ import torch.distributed as dist
 from distcompat.collectives import _wait
 from distcompat.collectives._errors import CollectiveMismatchError
 from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._profiled import internal
 from distcompat.collectives.agree import agree, unchecked
 
 __all__ = [
@@ -193,10 +194,11 @@ def verify(
     splits = [*(in_splits or [-1] * world), *(out_splits or [-1] * world)]
     mine = torch.tensor(head + splits, dtype=torch.int64)
     rows = torch.empty(world * mine.numel(), dtype=torch.int64)
-    work = all_gather_flat(rows, mine, group=group, async_op=True)
-    assert work is not None
     try:
-        work.wait(timeout=timedelta(seconds=_wait_s))
+        with internal("strict check"):  # not one of the caller's collectives
+            work = all_gather_flat(rows, mine, group=group, async_op=True)
+            assert work is not None
+            work.wait(timeout=timedelta(seconds=_wait_s))
     except RuntimeError as exc:
         raise CollectiveMismatchError(
             f"{op} (call #{seq} on this group): not every rank reached it within {_wait_s:g}s. "

@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from distcompat.collectives._entry import entry
 from distcompat.collectives._group import group_size
+from distcompat.collectives._profiled import showing
 from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce
 from distcompat.collectives._work import CompatWork, done_if_async, joined
@@ -85,7 +86,10 @@ def all_reduce_coalesced(
     def copy_back() -> None:
         _unflatten_into(tensors, buckets, flats)
 
-    handles = [all_reduce(flat, op=op, group=group, async_op=async_op) for flat in flats]
+    handles: list[CompatWork | None] = []
+    for bucket, flat in zip(buckets, flats, strict=True):
+        with showing([tensors[i] for i in bucket]):  # a profiler's event shows the caller's
+            handles.append(all_reduce(flat, op=op, group=group, async_op=async_op))
     if not async_op:
         copy_back()
         return None

@@ -78,7 +78,8 @@ def broadcast(
     transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
         flat, at = wire.view(-1), group_rank_of(group, src, group_src)
-        transport = lambda a: engine.run("broadcast", engine.broadcast(flat, at), a)  # noqa: E731
+        call = engine.broadcast(flat, at)
+        transport = lambda a: engine.run("broadcast", call, a, (tensor,))  # noqa: E731
     else:
         root = root_kwargs("src", src, group_src)
         transport = lambda a: dist.broadcast(wire, group=group, async_op=a, **root)  # noqa: E731
@@ -196,7 +197,8 @@ def all_gather_into_tensor(
     engine = shm.engine_for(group, op, out_flat)
     transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
-        transport = lambda a: engine.run(op, engine.all_gather(out_flat, source), a)  # noqa: E731
+        call = engine.all_gather(out_flat, source)
+        transport = lambda a: engine.run(op, call, a, (input_tensor,))  # noqa: E731
     else:
         transport = lambda a: all_gather_flat(out_flat, source, group=group, async_op=a)  # noqa: E731
     return issue(op, transport, group, [output_tensor], copy_back, async_op)

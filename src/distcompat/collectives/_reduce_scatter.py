@@ -59,7 +59,7 @@ def _reduce_scatter_flat(
     transport: Transport
     if engine is not None:  # every rank on this machine: through shared memory
         call = engine.reduce_scatter(out_flat, flat_input, plan.op)
-        transport = lambda a: engine.run(op, call, a)  # noqa: E731
+        transport = lambda a: engine.run(op, call, a, (flat_input,))  # noqa: E731
     elif backend_for(group, output.device) == "nccl" and not plan.gather:
 
         def transport(a: bool) -> Any:

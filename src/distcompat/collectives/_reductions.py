@@ -84,7 +84,8 @@ def all_reduce(
         transport, settle = by_gathering(wire, wire, settle, plan, group)
     elif engine is not None:
         flat = wire.view(-1)
-        transport = lambda a: engine.run("all_reduce", engine.all_reduce(flat, plan.op), a)  # noqa: E731
+        call = engine.all_reduce(flat, plan.op)
+        transport = lambda a: engine.run("all_reduce", call, a, (tensor,))  # noqa: E731
     else:
         transport = lambda a: dist.all_reduce(wire, op=plan.op, group=group, async_op=a)  # noqa: E731
     return issue("all_reduce", transport, group, [tensor], settle, async_op)

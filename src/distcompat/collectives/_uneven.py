@@ -68,7 +68,9 @@ def all_gather_rows(
         wires, mine = [wire.reshape(-1) for wire, _ in staged], stage_input(tensor)
         return issue(
             "all_gather",
-            lambda a: engine.run("all_gather", engine.all_gather_rows(wires, mine.reshape(-1)), a),
+            lambda a: engine.run(
+                "all_gather", engine.all_gather_rows(wires, mine.reshape(-1)), a, (tensor,)
+            ),
             group,
             result,
             chain(*(finish for _, finish in staged)),

@@ -40,6 +40,7 @@ import torch.distributed as dist
 from distcompat.collectives._errors import CollectiveError, raise_typed
 from distcompat.collectives._group import global_rank
 from distcompat.collectives._native import all_gather_flat
+from distcompat.collectives._profiled import internal
 from distcompat.collectives._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._wait import POLL_S, Wait, polled, until, work_ready
 from distcompat.collectives.agree import _state
@@ -212,7 +213,8 @@ def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any, started: float
         awaited=lambda: _absent(store, asked, group),
     )
     try:
-        until(work_ready(all_gather_flat(codes, mine, group=group, async_op=True)), wait)
+        with internal("mismatch check"):  # not one of the caller's collectives
+            until(work_ready(all_gather_flat(codes, mine, group=group, async_op=True)), wait)
     except CollectiveError:
         raise
     except RuntimeError as exc:

@@ -81,8 +81,8 @@ def broadcast(
             work = pg.broadcast([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
         else:  # shared memory: run in _complete (sync) or on the group's thread (async)
             call = engine.broadcast(tensor if tensor.dim() == 1 else tensor.view(-1), root)
-            work = engine.work("broadcast", call) if async_op else None
-            now = lambda wait: engine.run_now("broadcast", call, wait)  # noqa: E731
+            work = engine.work("broadcast", call, (tensor,)) if async_op else None
+            now = lambda wait: engine.run_now("broadcast", call, wait, (tensor,))  # noqa: E731
     except RuntimeError as exc:
         raise_typed(exc, "broadcast", group)
     record = (shape, dtype, None, origin)
@@ -166,8 +166,8 @@ def allgather(output: torch.Tensor, input: torch.Tensor, group: Any, async_op: b
         else:  # shared memory: run in _complete (sync) or on the group's thread (async)
             assert engine is not None
             call = engine.all_gather(output, input)
-            work = engine.work(op, call) if async_op else None
-            now = lambda wait: engine.run_now(op, call, wait)  # noqa: E731
+            work = engine.work(op, call, (input,)) if async_op else None
+            now = lambda wait: engine.run_now(op, call, wait, (input,))  # noqa: E731
     except RuntimeError as exc:
         raise_typed(exc, op, group)
     return _complete(work, op, group, [output], async_op, raw, (shape, dtype, None, None), now)

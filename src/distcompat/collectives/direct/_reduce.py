@@ -78,7 +78,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
             opts = _reduce_opts.get(id(op)) or _reduce_options(op)
             work = pg.allreduce([tensor], opts)  # type: ignore[union-attr]  # pg is last[0]()
         elif async_op:  # shared memory, on the group's thread
-            work = engine.work("all_reduce", engine.all_reduce(tensor.view(-1), op))
+            work = engine.work("all_reduce", engine.all_reduce(tensor.view(-1), op), (tensor,))
         else:  # shared memory, here in _complete: a work only if not done in the first slice
             work, now = None, lambda wait: engine.all_reduce_now(tensor, op, wait)
     except RuntimeError as exc:
@@ -168,8 +168,8 @@ def reducescatter(
     try:
         if engine is not None:  # shared memory: run in _complete (sync) or on its thread
             call = engine.reduce_scatter(out_flat, flat, op)
-            work = engine.work(op_name, call) if async_op else None
-            now = lambda wait: engine.run_now(op_name, call, wait)  # noqa: E731
+            work = engine.work(op_name, call, (input,)) if async_op else None
+            now = lambda wait: engine.run_now(op_name, call, wait, (input,))  # noqa: E731
         else:  # even splits: one row of ``rows`` from each rank, reduced when it completes
             key = (dtype, world, count)
             try:

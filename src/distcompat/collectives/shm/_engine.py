@@ -29,12 +29,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from distcompat.collectives._errors import CollectiveError
+from distcompat.collectives._profiled import begin, recording
 from distcompat.collectives.shm._barrier import Barrier
 from distcompat.collectives.shm._folds import (
     SMALL_BYTES,
@@ -80,13 +82,20 @@ class Engine(Ops):
 
     # -- running ops in issue order ------------------------------------------------------------
 
-    def work(self, op: str, call: Call) -> ShmWork:
+    def work(self, op: str, call: Call, shown: Sequence[torch.Tensor] = ()) -> ShmWork:
         """Return ``call``'s work, not started.
 
-        It runs when waited on, or on the group's thread once its future is asked for.
+        It runs when waited on, or on the group's thread once its future is asked for. While
+        torch's profiler records on this thread, the op of a caller's collective (``shown``: its
+        tensors) is queued for the group's thread at once, inside the event gloo would record
+        (``_profiled``); distcompat's own ops (no ``shown``) record none, as on the backend.
         """
         self.calls += 1
-        return ShmWork(self, op, call)
+        work = ShmWork(self, op, call)
+        if shown and recording():
+            work.record = begin(op, shown)
+            work.get_future()  # queued: the group's thread runs it and ends the event
+        return work
 
     def idle(self) -> bool:
         """Return whether no op of the group is queued or unfinished, and the path still works."""
@@ -95,17 +104,20 @@ class Engine(Ops):
             self._pending or self.broken or (open_work is not None and not open_work.is_completed())
         )
 
-    def run_now(self, op: str, call: Call, wait: timedelta) -> ShmWork | None:
+    def run_now(
+        self, op: str, call: Call, wait: timedelta, shown: Sequence[torch.Tensor] = ()
+    ) -> ShmWork | None:
         """Run ``call`` here, synchronously: None once done, else its work to wait for.
 
         While the group is :meth:`idle`, without the work's machinery (an event, a future, the
         driving loop): the handed-back work is then one whose wait ran past ``wait`` (a
         watchdog's first slice; zero means no limit, as for ``Work.wait``), going on from the
         barrier it waits at, or one that failed (its ``wait()`` raises). Otherwise the work is
-        one not started, run by its ``wait()``.
+        one not started, run by its ``wait()`` (or queued, while a profiler records: see
+        :meth:`work`).
         """
-        if not self.idle():
-            return self.work(op, call)
+        if not self.idle() or (shown and recording()):
+            return self.work(op, call, shown)
         self.calls += 1
         barrier = self.barrier
         barrier.start(op, call.signature)
@@ -139,13 +151,14 @@ class Engine(Ops):
         work.settle(error)
         return work
 
-    def run(self, op: str, call: Call, async_op: bool) -> ShmWork | None:
+    def run(
+        self, op: str, call: Call, async_op: bool, shown: Sequence[torch.Tensor] = ()
+    ) -> ShmWork | None:
         """Run ``call`` to the end here (sync), or return its work (async: see :meth:`work`)."""
-        work = self.work(op, call)
+        work = self.work(op, call, shown)
         if async_op:
             return work
-        self.drive_here(work, None)
-        work.wait()  # raises the op's error
+        work.wait()  # runs it here (or waits for the group's thread); raises the op's error
         return None
 
     def drive_here(self, work: ShmWork, until: float | None) -> None:
@@ -257,9 +270,9 @@ class Engine(Ops):
         (its ``wait()`` raises), or, off that case, one not started.
         """
         nbytes = tensor.nbytes
-        if nbytes > self._small_bytes or not self.idle():
+        if nbytes > self._small_bytes or not self.idle() or recording():
             flat = tensor if tensor.dim() == 1 else tensor.view(-1)
-            return self.run_now("all_reduce", self.all_reduce(flat, op), wait)
+            return self.run_now("all_reduce", self.all_reduce(flat, op), wait, (tensor,))
         self.calls += 1
         small = self._smalls.get((tensor.dtype, tensor.shape, op)) or self._small(tensor, op)
         barrier = self.barrier

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from distcompat.collectives._profiled import end
+
 __all__ = ["Call", "ShmWork", "Steps", "signature"]
 
 Steps = Iterator[None]  # an op's body: runs up to each barrier and yields there
@@ -54,7 +56,8 @@ class ShmWork:
     """
 
     __slots__ = (
-        "_done", "_engine", "_error", "_future", "_queued", "op", "signature", "steps", "target",
+        "_done", "_engine", "_error", "_future", "_queued", "op", "record", "signature", "steps",
+        "target",
     )  # fmt: skip
 
     def __init__(self, engine: _Driver, op: str, call: Call) -> None:
@@ -66,6 +69,7 @@ class ShmWork:
         self._error: BaseException | None = None
         self._future: torch.futures.Future[Any] = torch.futures.Future()
         self._queued = False
+        self.record: Any = None  # the profiler's event, ended when the op ends (_profiled)
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done and raise the op's error; ``RuntimeError`` if ``timeout`` passes first.
@@ -96,7 +100,10 @@ class ShmWork:
         return self._future
 
     def settle(self, error: BaseException | None) -> None:
-        """Record the op's outcome, wake waiters, complete the future."""
+        """Record the op's outcome, end its profiler event, wake waiters, complete the future."""
+        record, self.record = self.record, None
+        if record is not None:
+            end(record)  # before waking the waiter, who may stop the profiler next
         self._error = error
         self._done.set()
         if error is None:
