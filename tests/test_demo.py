@@ -135,6 +135,39 @@ def test_a_killed_rank_costs_a_restart_and_the_result_is_bit_identical(
     assert _demo_children() == []
 
 
+@pytest.mark.slow
+def test_a_preempted_rank_stops_every_rank_and_the_result_is_bit_identical(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], plain_run: tuple[Path, int, str, str]
+) -> None:
+    """``--preempt 1@10``: SIGTERM to rank 1 at step 10; every rank saves step 10 (not a
+    periodic one: those are every 3 steps) and exits 143; the restart resumes from it."""
+    out = tmp_path / "preempted"
+    assert main(["demo", "--out", str(out), *SMALL, "--preempt", "1@10"]) == 0
+    captured = capfd.readouterr()
+    assert "restart 1 of 1" in captured.err
+    assert "exited with code 143, as SIGTERM ends a process" in captured.err
+    manifest = json.loads((out / "manifest.json").read_text())
+    plain = json.loads((plain_run[0] / "manifest.json").read_text())
+    assert manifest["final_params_sha256"] == plain["final_params_sha256"]
+    assert manifest["losses"] == plain["losses"]
+    assert manifest["restarts"] == 1
+    assert manifest["preemptions"] == 1
+    stop = manifest["preemption"]
+    assert (stop["step"], stop["signal"], stop["first_rank"], stop["exit_code"]) == (
+        10,
+        "SIGTERM",
+        1,
+        143,
+    )
+    assert 0 <= stop["signal_to_exit_s"] < stop["grace_s"]
+    assert manifest["restart_timings"]["resumed_after_step"] == 10
+    attempts = [
+        json.loads(line)["attempt"] for line in (out / "timings.jsonl").read_text().splitlines()
+    ]
+    assert attempts.count(0) == 10  # steps 1-10 (the resume check comes later)
+    assert _demo_children() == []
+
+
 def test_model_keeps_one_dtype_under_autocast() -> None:
     """Under bf16 autocast (as on CUDA) q, k and v reach attention in one dtype.
 
@@ -225,6 +258,9 @@ def test_usage_errors_under_a_launcher(
         (["--n-embd", "30", "--n-head", "4"], "must be an even integer"),
         (["--lr", "-1"], "--lr=-1.0 must be a positive number"),
         (["--nproc", "0"], "--nproc=0 must be at least 1"),
+        (["--preempt", "1-3"], "--preempt=1-3 must read RANK@STEP"),
+        (["--preempt", "5@3"], "--preempt=5@3: rank 5 is not among 2"),
+        (["--kill", "1@3", "--preempt", "1@4"], "--kill and --preempt: give one of them"),
     ],
 )
 def test_bad_flags_are_usage_errors(

@@ -96,6 +96,7 @@ if TYPE_CHECKING:  # type checkers, IDEs and the docs see every name; Python imp
     from distcompat.join import all_have_data, join_uneven
     from distcompat.launch import LaunchEnv, LaunchEnvError
     from distcompat.launch._placement import BackendUnavailableError, DeviceBindingError
+    from distcompat.preemption import Preemption, PreemptionError, StopReport
     from distcompat.process_group import (
         DistInfo,
         DistInitError,
@@ -192,6 +193,9 @@ _EXPORTS = {
     "init_distributed": "distcompat.process_group",
     "is_main_process": "distcompat.process_group",
     "get_logger": "distcompat.rank_logging",
+    "Preemption": "distcompat.preemption",
+    "PreemptionError": "distcompat.preemption",
+    "StopReport": "distcompat.preemption",
     "print0": "distcompat.rank_logging",
     "progress": "distcompat.rank_logging",
     "rank_zero_only": "distcompat.rank_logging",
@@ -213,6 +217,7 @@ _SUBMODULES = frozenset(
         "distributed",
         "env",
         "join",
+        "preemption",
         "launch",
         "process_group",
         "rank_logging",
@@ -268,8 +273,11 @@ __all__ = [
     "NoPeerError",
     "NotInGroupError",
     "PeerLostError",
+    "Preemption",
+    "PreemptionError",
     "ShardedSampler",
     "SingleRankCollectiveError",
+    "StopReport",
     "TokenLoader",
     "UnsupportedCollectiveError",
     "WorldSizeMismatchError",

@@ -80,7 +80,9 @@ _HELP: dict[str, str] = {
     "kill": "RANK@STEP: rank RANK SIGKILLs itself at step STEP of the first attempt; the ranks "
     "restart and resume from the newest committed checkpoint",
     "max_restarts": "restarts after a failed attempt when the demo starts the ranks itself "
-    "(default: 1 with --kill, else 0; under torchrun, its --max-restarts)",
+    "(default: 1 with --kill or --preempt, else 0; under torchrun, its --max-restarts)",
+    "preempt": "RANK@STEP: rank RANK gets SIGTERM at step STEP of the first attempt; every rank "
+    "saves the step they agree on, exits, and the ranks restart and resume from it",
 }
 
 
@@ -137,7 +139,10 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
         elif item.name == "out":
             parser.add_argument(flag, type=Path, default=DEFAULT_OUT, help=_HELP["out"] + shown)
         else:
-            kinds = {"lr": float, "timeout_s": float, "device": str, "backend": str, "kill": str}
+            kinds = {
+                "lr": float, "timeout_s": float, "device": str, "backend": str, "kill": str,
+                "preempt": str,
+            }  # fmt: skip
             kind = kinds.get(item.name, int)
             parser.add_argument(flag, type=kind, default=None, help=_HELP[item.name] + shown)
     return parser
@@ -261,9 +266,11 @@ def _supervise(config: DemoConfig) -> LaunchOutcome:
 
 
 def _check_kill(config: DemoConfig, world_size: int) -> None:
-    target = config.kill_target
-    if target is not None and target[0] >= world_size:
-        raise DemoConfigError(f"--kill={config.kill}: rank {target[0]} is not among {world_size}")
+    for name, target in (("kill", config.kill_target), ("preempt", config.preempt_target)):
+        if target is not None and target[0] >= world_size:
+            raise DemoConfigError(
+                f"--{name}={getattr(config, name)}: rank {target[0]} is not among {world_size}"
+            )
 
 
 def run_demo_command(options: argparse.Namespace) -> int:

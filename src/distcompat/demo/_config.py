@@ -31,8 +31,9 @@ class DemoConfig:
     ``nproc`` is the number of ranks the demo starts itself (None: 2, or the launcher's world
     size when torchrun or srun started this process). ``checkpoint_at`` None means half way.
     ``checkpoint_every`` None means an eighth of the run. ``kill="RANK@STEP"`` makes rank RANK
-    SIGKILL itself at step STEP of the first attempt; ``max_restarts`` None means 1 with
-    ``kill``, else 0 (restarts the demo's own supervisor allows; under torchrun its flag rules).
+    SIGKILL itself at step STEP of the first attempt; ``preempt="RANK@STEP"`` sends it SIGTERM
+    instead (every rank saves the agreed step and exits); ``max_restarts`` None means 1 with
+    either, else 0 (restarts the demo's own supervisor allows; under torchrun its flag rules).
 
     Example:
         >>> config = DemoConfig(out=Path("x"), steps=10)
@@ -62,6 +63,7 @@ class DemoConfig:
     checkpoint_every: int | None = None
     kill: str | None = None
     max_restarts: int | None = None
+    preempt: str | None = None
 
     def __post_init__(self) -> None:
         positive = (
@@ -90,6 +92,10 @@ class DemoConfig:
             raise DemoConfigError(f"--max-restarts={self.max_restarts} must be at least 0")
         if self.kill is not None:
             self.kill_target  # noqa: B018 (validates the flag)
+        if self.preempt is not None:
+            self.preempt_target  # noqa: B018 (validates the flag)
+            if self.kill is not None:
+                raise DemoConfigError("--kill and --preempt: give one of them")
         if self.timeout_s <= 0:
             raise DemoConfigError(f"--timeout-s={self.timeout_s} must be positive")
         try:
@@ -129,21 +135,32 @@ class DemoConfig:
             >>> DemoConfig(out=Path("x"), steps=100, kill="1@60").kill_target
             (1, 60)
         """
-        if self.kill is None:
-            return None
-        rank, at, step = self.kill.partition("@")
+        return None if self.kill is None else self._rank_at_step("kill", self.kill)
+
+    @property
+    def preempt_target(self) -> tuple[int, int] | None:
+        """``(rank, step)`` of ``--preempt RANK@STEP``, or None.
+
+        Example:
+            >>> DemoConfig(out=Path("x"), steps=100, preempt="1@60").preempt_target
+            (1, 60)
+        """
+        return None if self.preempt is None else self._rank_at_step("preempt", self.preempt)
+
+    def _rank_at_step(self, name: str, value: str) -> tuple[int, int]:
+        rank, at, step = value.partition("@")
         if not (at and rank.isdigit() and step.isdigit()):
-            raise DemoConfigError(f"--kill={self.kill} must read RANK@STEP, e.g. 1@60")
+            raise DemoConfigError(f"--{name}={value} must read RANK@STEP, e.g. 1@60")
         if not 1 <= int(step) <= self.steps:
-            raise DemoConfigError(f"--kill={self.kill}: STEP must be in [1, --steps={self.steps}]")
+            raise DemoConfigError(f"--{name}={value}: STEP must be in [1, --steps={self.steps}]")
         return int(rank), int(step)
 
     @property
     def restarts_allowed(self) -> int:
-        """Restarts the demo's own supervisor allows (1 with ``--kill`` unless told)."""
+        """Restarts the demo's own supervisor allows (1 with ``--kill`` or ``--preempt``)."""
         if self.max_restarts is not None:
             return self.max_restarts
-        return 1 if self.kill is not None else 0
+        return 1 if self.kill is not None or self.preempt is not None else 0
 
     @property
     def resume_compare_steps(self) -> int:

@@ -67,6 +67,8 @@ _EXIT_GRACE_S = 15.0
 _TERMINATE_GRACE_S = 5.0
 _POLL_S = 0.05
 _PR_SET_PDEATHSIG = 1
+#: The signals whose exit status (128 + number) a rank reports after a stop on purpose.
+_SIGNALS = {int(s): s.name for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,6 +186,12 @@ def _describe_failure(
         detail = status.get("traceback") or ""
     elif code is not None and code < 0:
         what = f"rank {first} of {nproc} was killed by signal {-code}"
+        detail = ""
+    elif code is not None and code > 128 and code - 128 in _SIGNALS:
+        what = (
+            f"rank {first} of {nproc} exited with code {code}, as {_SIGNALS[code - 128]} ends a "
+            "process: the ranks stopped on purpose after saving"
+        )
         detail = ""
     else:
         what = f"rank {first} of {nproc} exited with code {code} without reporting an error"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -147,6 +147,7 @@ class RunReport:
     final_params_sha256: str = ""
     restart_timings: dict[str, Any] | None = None
     validation: Validation | None = None
+    preemptions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def losses(self) -> list[float]:
@@ -200,6 +201,8 @@ class RunReport:
             "checkpoint_every": config.save_every,
             "restarts": self.restarts,
             "restart_timings": self.restart_timings,
+            "preemptions": len(self.preemptions),
+            "preemption": _preemption_entry(self.preemptions),
             "final_params_sha256": self.final_params_sha256,
             "sync_wait_ms_median": _median([r.sync_wait_ms for r in self.records]),
             "step_ms_median": _median([r.step_ms for r in self.records]),
@@ -245,6 +248,7 @@ class RunReport:
                 f"checkpoint; max loss diff {resume['max_loss_diff']:.3g})",
                 *_validation_line(self.validation),
                 f"  restarts        {self.restarts}{_restart_line(self.restart_timings)}",
+                *_preemption_line(self.preemptions),
                 f"  params sha256   {self.final_params_sha256}",
                 f"  wrote           {self.config.out / 'manifest.json'}, "
                 f"{self.config.out / 'timings.jsonl'}",
@@ -272,6 +276,11 @@ def _restart_line(timings: dict[str, Any] | None) -> str:
         value = timings.get(key)
         return "?" if value is None else f"{value:.1f} s"
 
+    if timings.get("killed_rank") is None:  # not a kill: a stop on purpose (see preemptions)
+        return (
+            f" (resumed after step {timings.get('resumed_after_step')}, "
+            f"resume {seconds('resume_s')})"
+        )
     detected = (
         f"detected {seconds('detect_s')}, peers stopped {seconds('peers_stopped_s')}, restart "
         if timings.get("detect_s") is not None
@@ -299,3 +308,34 @@ def write_manifest(path: Path, report: RunReport) -> None:
         >>> write_manifest(Path("demo-out/manifest.json"), report)  # doctest: +SKIP
     """
     atomic_write_json(path, report.manifest())
+
+
+def _preemption_entry(stops: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Return the manifest's account of the last stop: its step, signal, phase times."""
+    if not stops:
+        return None
+    last = stops[-1]
+    return {
+        "attempt": last["attempt"],
+        "step": last["step"],
+        "signal": last["signal"],
+        "first_rank": last["first_rank"],
+        "agreed_s": last["agreed_s"],
+        "save_s": last["save_s"],
+        "signal_to_exit_s": last["total_s"],
+        "grace_s": last["grace_s"],
+        "exit_code": last["plan"]["exit_code"],
+    }
+
+
+def _preemption_line(stops: list[dict[str, Any]]) -> list[str]:
+    """Return the summary's line on the last stop (none without one)."""
+    entry = _preemption_entry(stops)
+    if entry is None:
+        return []
+    saved = "no save needed" if entry["save_s"] is None else f"saved in {entry['save_s']:.2f} s"
+    return [
+        f"  preemptions     {len(stops)} ({entry['signal']} to rank {entry['first_rank']}; every "
+        f"rank stopped after step {entry['step']}, {saved}, "
+        f"{entry['signal_to_exit_s']:.2f} s from the signal to the exit)"
+    ]

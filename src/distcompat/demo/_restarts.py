@@ -29,11 +29,15 @@ from distcompat.demo._config import DemoConfig, DemoConfigError
 __all__ = [
     "KILL_FILE",
     "MAX_RESTARTS_VAR",
+    "PREEMPTIONS_FILE",
     "RESTARTS_FILE",
     "RESTART_COUNT_VAR",
     "attempt_number",
     "check_launcher_restarts",
     "kill_if_planned",
+    "preempt_if_planned",
+    "preemptions",
+    "record_preemption",
     "record_restart",
     "restart_timings",
 ]
@@ -43,6 +47,7 @@ RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
 #: torchrun's ``--max-restarts``, as its agent tells the workers.
 MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
 KILL_FILE = "kill.json"
+PREEMPTIONS_FILE = "preemptions.json"
 RESTARTS_FILE = "restarts.json"
 
 
@@ -71,11 +76,13 @@ def check_launcher_restarts(config: DemoConfig, environ: Mapping[str, str] | Non
         distcompat.demo._config.DemoConfigError: --kill=1@2 under torchrun --max-restarts=0: ...
     """
     value = (os.environ if environ is None else environ).get(MAX_RESTARTS_VAR)
-    if config.kill is not None and value == "0":
-        raise DemoConfigError(
-            f"--kill={config.kill} under torchrun --max-restarts=0: the killed rank would end the "
-            "job; start torchrun with --max-restarts=1 (or run the demo without a launcher)"
-        )
+    for name, flag in (("kill", config.kill), ("preempt", config.preempt)):
+        if flag is not None and value == "0":
+            raise DemoConfigError(
+                f"--{name}={flag} under torchrun --max-restarts=0: the stopped ranks would end "
+                "the job; start torchrun with --max-restarts=1 (or run the demo without a "
+                "launcher)"
+            )
 
 
 def kill_if_planned(config: DemoConfig, rank: int, step: int, attempt: int) -> None:
@@ -90,6 +97,38 @@ def kill_if_planned(config: DemoConfig, rank: int, step: int, attempt: int) -> N
         return
     atomic_write_json(config.out / KILL_FILE, {"rank": rank, "step": step, "at": time.time()})
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def preempt_if_planned(config: DemoConfig, rank: int, step: int, attempt: int) -> None:
+    """Send this process SIGTERM if ``--preempt`` names this rank and step (first attempt only).
+
+    The rank's :class:`~distcompat.preemption.Preemption` notes it; the ranks agree on a step,
+    save it and exit, as a cluster's warning before a preemption makes them do.
+
+    Example:
+        >>> preempt_if_planned(DemoConfig(out=Path("o"), steps=4), rank=0, step=1, attempt=0)
+    """
+    if attempt == 0 and config.preempt_target == (rank, step):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def record_preemption(out: Path, entry: Mapping[str, Any]) -> None:
+    """Append one stop's report to ``preemptions.json`` (rank 0 of the stopped attempt).
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> record_preemption(folder, {"step": 3})
+        >>> preemptions(folder)
+        [{'step': 3}]
+    """
+    atomic_write_json(out / PREEMPTIONS_FILE, [*preemptions(out), dict(entry)])
+
+
+def preemptions(out: Path) -> list[dict[str, Any]]:
+    """Return the stops recorded in ``out`` (none: an empty list)."""
+    found = _read(out / PREEMPTIONS_FILE)
+    return list(found) if isinstance(found, list) else []
 
 
 def record_restart(out: Path, entry: Mapping[str, Any]) -> None:

@@ -12,7 +12,9 @@ Every distcompat piece a real loop needs is used once, in the order a reader mee
 ``print0`` on rank 0, ``resume`` / ``save_checkpoint`` of ``training_state`` (every
 ``save_every`` steps, so a restarted attempt continues from the newest committed one), and at the
 end the collectives of :mod:`distcompat.demo._checks`. ``--kill RANK@STEP`` makes one rank
-SIGKILL itself on the first attempt (:mod:`distcompat.demo._restarts`).
+SIGKILL itself on the first attempt (:mod:`distcompat.demo._restarts`); ``--preempt RANK@STEP``
+sends it SIGTERM, and the :class:`~distcompat.preemption.Preemption` asked after every step
+makes every rank save the agreed step and exit 143, which the supervisor restarts.
 """
 
 from __future__ import annotations
@@ -41,12 +43,17 @@ from distcompat.demo._optim import ZeroAdamW
 from distcompat.demo._report import RunReport, StepRecord, TimingsWriter, write_manifest
 from distcompat.demo._restarts import (
     KILL_FILE,
+    PREEMPTIONS_FILE,
     RESTARTS_FILE,
     attempt_number,
     kill_if_planned,
+    preempt_if_planned,
+    preemptions,
+    record_preemption,
     restart_timings,
 )
 from distcompat.demo._validate import validate
+from distcompat.preemption import Preemption, StopReport
 from distcompat.rank_logging import progress_backend
 from distcompat.runtime import compute_dtype
 
@@ -189,7 +196,7 @@ def _prepare_corpus(config: DemoConfig, *, first_attempt: bool) -> Path:
         (config.out / "data").mkdir(parents=True, exist_ok=True)
         if first_attempt:  # ours, from an older run; a restart resumes from them instead
             shutil.rmtree(config.out / "checkpoints", ignore_errors=True)
-            for name in (KILL_FILE, RESTARTS_FILE):
+            for name in (KILL_FILE, RESTARTS_FILE, PREEMPTIONS_FILE):
                 (config.out / name).unlink(missing_ok=True)
         tokens = encode(generate_text(seed=config.seed, num_bytes=config.corpus_bytes))
         write_tokens(path, tokens, dtype=torch.uint16)
@@ -222,11 +229,13 @@ def _train(
     progress: _Progress,
     corpus: Path,
     device: torch.device,
-) -> None:
+    preemption: Preemption,
+) -> StopReport | None:
     """Run the main loop from ``trainer.step``; save every ``save_every`` steps; check a resume.
 
     The resume check runs as soon as the steps it compares exist, while the checkpoint it loads
     is still kept; its result travels in the following checkpoints, so a restart keeps it.
+    Returns the stop's report when the ranks stopped on a signal (None: the run ended).
     """
     snapshot_step = config.checkpoint_step + config.resume_compare_steps
     kill = config.kill_target
@@ -236,6 +245,7 @@ def _train(
     bar = distcompat.progress(steps, desc=f"train x{distcompat.get_world_size()}", disable=None)
     for step in bar:
         kill_if_planned(config, rank, step, progress.attempt)
+        preempt_if_planned(config, rank, step, progress.attempt)
         if kill is not None and progress.attempt > 0 and step == kill[1]:
             progress.caught_up = time.time()
         record = trainer.train_step()
@@ -248,15 +258,26 @@ def _train(
             progress.resume_check = _resume_check(
                 config, corpus, device, progress.records, snapshot, timings
             )
-        if config.saves_at(record.step):
+
+        def save(step: int = record.step) -> None:
             path = save_checkpoint(
                 config.out / "checkpoints",
-                record.step,
+                step,
                 trainer.state(**progress.extra()),
                 keep_last=config.keep_last,
                 metadata={"seed": config.seed, "world_size": distcompat.get_world_size()},
             )
-            _log.debug("checkpoint after step %d: %s", record.step, path)
+            _log.debug("checkpoint after step %d: %s", step, path)
+
+        saved = config.saves_at(record.step)
+        if saved:
+            save()
+        if preemption.should_stop(record.step):  # every rank, the same answer
+            report = preemption.stop(save=None if saved else save, exit=False)
+            if rank == 0:
+                record_preemption(config.out, {"attempt": progress.attempt, **asdict(report)})
+            return report
+    return None
 
 
 def _resume_check(
@@ -339,9 +360,13 @@ def run_rank(config: DemoConfig) -> int:
         + (f"\n  attempt {attempt}: resumed after step {resumed.step}" if attempt else ""),
         flush=True,
     )
+    preemption = Preemption()  # SIGTERM or SIGUSR1: every rank stops at one step, saved
     with TimingsWriter(config.out / "timings.jsonl", attempt=attempt) as timings:
-        _train(config, trainer, timings, progress, corpus, info.device)
+        stopped = _train(config, trainer, timings, progress, corpus, info.device, preemption)
         trainer.close()
+        preemption.close()
+        if stopped is not None:  # the supervisor (or torchrun) restarts the ranks
+            return stopped.plan.exit_code
         distcompat.print0("checks: validation, replicas, all-reduce latency ...", flush=True)
         validation = validate(trainer.model, config, info.device)  # gather_for_metrics
         replicas = check_replicas(trainer.model)
@@ -359,6 +384,7 @@ def run_rank(config: DemoConfig) -> int:
         validation=validation,
         wall_s=time.perf_counter() - started,
         restarts=attempt,
+        preemptions=preemptions(config.out),
         final_params_sha256=params_sha256(trainer.model),
         restart_timings=restart_timings(
             config.out,

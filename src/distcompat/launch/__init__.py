@@ -15,10 +15,13 @@ decides; it creates no process group and imports nothing else of distcompat::
   multi-node gloo launch without ``GLOO_SOCKET_IFNAME``.
 * :func:`torchrun_exports` (``_exports``): the torchrun variables another launcher left unset.
 * ``_local_ranks``: torchrun's worker contract for ranks distcompat starts itself.
+* :func:`comeback_plan` (``_comeback``): how a rank stopped on purpose exits so that its
+  launcher brings the job back.
 
 ``distcompat.env`` is the same :class:`LaunchEnv` under the import path the docs used first.
 """
 
+from distcompat.launch._comeback import ComebackPlan, comeback_plan
 from distcompat.launch._env import (
     DETECTION_ORDER,
     LaunchEnv,
@@ -40,6 +43,7 @@ __all__ = [
     "DETECTION_ORDER",
     "TORCHRUN_VARIABLES",
     "BackendUnavailableError",
+    "ComebackPlan",
     "DeviceBindingError",
     "InterfacePick",
     "LaunchEnv",
@@ -47,6 +51,7 @@ __all__ = [
     "Launcher",
     "Pitfall",
     "TorchrunValues",
+    "comeback_plan",
     "detect_launcher",
     "launch_pitfalls",
     "launcher_argv",

@@ -1,0 +1,145 @@
+"""One rank of a tiny resumable run told to stop, started by tests/test_preemption.py.
+
+    python _preempt_script.py --ckpt DIR --result FILE [--term RANK@STEP] [--term-in step|save]
+
+The run of ``_resume_script.py`` (a ``ShardedSampler``, one sample per rank per step, a buffer
+counting how often each sample was trained on, ``resume`` at the start, a save every
+``--every`` steps) with a :class:`distcompat.preemption.Preemption` asked each step whether to
+stop. ``--term R@S``: rank R sends itself SIGTERM before step S (``step``), while its state is
+pickled in the save of step S (``save``), or from a thread at a random moment of step S
+(``random``, seeded by ``--seed``). ``--slow-save R``: rank R's stop save takes 60 s (past any
+grace). Each rank that stops writes ``FILE.stop-<rank>.json`` (the report) and exits as the
+report says; rank 0 of a run that ends writes ``FILE``: the counts, the parameters' SHA-256 and
+the step it resumed from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import distcompat
+from distcompat.checkpoint import resume, save_checkpoint, training_state
+from distcompat.data import ShardedSampler
+from distcompat.preemption import Preemption
+
+
+class Counted(torch.nn.Module):
+    """A linear model and a buffer counting how often each sample was trained on."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.weight = torch.nn.Parameter(torch.randn(4, generator=generator, dtype=torch.float64))
+        self.seen: torch.Tensor
+        self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
+
+
+class _Pickled:
+    """Pickling it (inside the save's ``torch.save``) runs ``action``: a signal mid-save."""
+
+    def __init__(self, action: Any) -> None:
+        self.action = action
+
+    def __reduce__(self) -> Any:
+        self.action()
+        return (dict, ())
+
+
+def _sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 + index)
+    x = torch.randn(4, generator=generator, dtype=torch.float64)
+    return x, x.sum() * 0.5
+
+
+def _term() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ckpt", type=Path, required=True)
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--samples", type=int, default=24)
+    parser.add_argument("--every", type=int, default=4)
+    parser.add_argument("--term", default="")
+    parser.add_argument("--term-in", choices=("step", "save", "random"), default="step")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--grace", type=float, default=30.0)
+    parser.add_argument("--slow-save", type=int, default=-1)
+    args = parser.parse_args()
+    term_rank, term_step = (int(v) for v in args.term.split("@")) if args.term else (-1, -1)
+
+    info = distcompat.init_distributed(device="cpu", timeout=30)
+    model = Counted(args.samples)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = ShardedSampler(range(args.samples), shuffle=True, seed=7, mode="drop")
+    resumed = resume(args.ckpt, model=model, optimizer=optimizer, loader=sampler)
+    preemption = Preemption(grace_s=args.grace)
+    step = resumed.step
+    for index in iter(sampler):
+        step += 1
+        told_here = info.rank == term_rank and step == term_step
+        if told_here and args.term_in == "step":
+            _term()
+        if told_here and args.term_in == "random":
+            delay = random.Random(args.seed).uniform(0.0, 0.02)
+            threading.Timer(delay, _term).start()
+        x, y = _sample(index)
+        loss = (model.weight @ x - y) ** 2
+        loss.backward()  # type: ignore[no-untyped-call]
+        assert model.weight.grad is not None
+        distcompat.all_reduce(model.weight.grad)
+        model.weight.grad /= info.world_size
+        counts = torch.zeros(args.samples, dtype=torch.int64)
+        counts[index] = 1
+        distcompat.all_reduce(counts)
+        model.seen += counts
+        optimizer.step()
+        optimizer.zero_grad()
+        if told_here and args.term_in == "random":
+            time.sleep(0.03)  # the timer's signal lands before the step ends
+        saved = step % args.every == 0
+        if saved:
+            extra = {"signal": _Pickled(_term)} if told_here and args.term_in == "save" else {}
+            state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=extra)
+            save_checkpoint(args.ckpt, step, state, keep_last=2)
+        if preemption.should_stop(step):
+            slow = {"slow": _Pickled(lambda: time.sleep(60))} if info.rank == args.slow_save else {}
+
+            def save(step: int = step, slow: dict[str, Any] = slow) -> None:
+                state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=slow)
+                save_checkpoint(args.ckpt, step, state, keep_last=2)
+
+            report = preemption.stop(save=None if saved else save, exit=False)
+            stop_file = args.result.with_name(f"{args.result.name}.stop-{info.rank}.json")
+            stop_file.write_text(json.dumps(asdict(report)), encoding="utf-8")
+            preemption.exit(report)
+    preemption.close()
+    if info.rank == 0:
+        digest = hashlib.sha256(bytes(model.weight.detach().view(torch.uint8).tolist()))
+        result = {
+            "seen": model.seen.tolist(),
+            "sha256": digest.hexdigest(),
+            "resumed_step": resumed.step,
+            "last_step": step,
+        }
+        args.result.write_text(json.dumps(result), encoding="utf-8")
+    distcompat.destroy_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
