@@ -1,11 +1,11 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, comparisons, lint, typing, docs,
-                             # launchers, build
+    nox                      # the default sessions: tests, comparisons, conformance, lint,
+                             # typing, docs, launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
-    nox -s conformance       # torch's own distributed tests through distcompat's group (long)
+    nox -s conformance       # torch's own distributed tests through distcompat's group
     nox -s comparisons       # the programs compared with plain gloo bit for bit, once
     nox -s soak              # the same, 20 times over (races)
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
@@ -25,7 +25,9 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "comparisons", "lint", "typing", "docs", "launchers", "build"]
+nox.options.sessions = [
+    "tests", "comparisons", "conformance", "lint", "typing", "docs", "launchers", "build",
+]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
@@ -75,8 +77,9 @@ def tests_cuda(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def conformance(session: nox.Session) -> None:
     """torch's DistributedTest._DistTestBase (in the wheel) on gloo, 2 ranks, with distcompat's
-    init_process_group; DISTCOMPAT_CONFORMANCE=torch runs torch's own for comparison. About an
-    hour on 2 cores, so on demand; ``-- -k NAME`` picks tests."""
+    init_process_group and every default on: every test that passes on plain gloo must pass
+    (about 15 minutes on 2 cores). DISTCOMPAT_CONFORMANCE=torch runs torch's own init for the
+    side-by-side count; ``-- -k NAME`` picks tests."""
     install(session, "tests")
     session.install("expecttest")  # torch.testing._internal imports it
     # torch's test code warns (deprecated torch.jit.script...): not this project's warnings
