@@ -94,7 +94,9 @@ class Engine(Ops):
         work = ShmWork(self, op, call)
         if shown and recording():
             work.record = begin(op, shown)
-            work.get_future()  # queued: the group's thread runs it and ends the event
+            open_work = self._open
+            if open_work is None or open_work.is_completed():  # else its wait() runs it after
+                work.get_future()  # queued: the group's thread runs it and ends the event
         return work
 
     def idle(self) -> bool:
