@@ -31,20 +31,10 @@ from typing import Any
 import torch
 
 import distcompat
+from _resume_script import Counted, train_on  # the same run, with a Preemption
 from distcompat.checkpoint import resume, save_checkpoint, training_state
 from distcompat.data import ShardedSampler
 from distcompat.preemption import Preemption
-
-
-class Counted(torch.nn.Module):
-    """A linear model and a buffer counting how often each sample was trained on."""
-
-    def __init__(self, samples: int) -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(0)
-        self.weight = torch.nn.Parameter(torch.randn(4, generator=generator, dtype=torch.float64))
-        self.seen: torch.Tensor
-        self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
 
 
 class _Pickled:
@@ -56,12 +46,6 @@ class _Pickled:
     def __reduce__(self) -> Any:
         self.action()
         return (dict, ())
-
-
-def _sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    generator = torch.Generator().manual_seed(1000 + index)
-    x = torch.randn(4, generator=generator, dtype=torch.float64)
-    return x, x.sum() * 0.5
 
 
 def _term() -> None:
@@ -97,18 +81,7 @@ def main() -> int:
         if told_here and args.term_in == "random":
             delay = random.Random(args.seed).uniform(0.0, 0.02)
             threading.Timer(delay, _term).start()
-        x, y = _sample(index)
-        loss = (model.weight @ x - y) ** 2
-        loss.backward()  # type: ignore[no-untyped-call]
-        assert model.weight.grad is not None
-        distcompat.all_reduce(model.weight.grad)
-        model.weight.grad /= info.world_size
-        counts = torch.zeros(args.samples, dtype=torch.int64)
-        counts[index] = 1
-        distcompat.all_reduce(counts)
-        model.seen += counts
-        optimizer.step()
-        optimizer.zero_grad()
+        train_on(model, optimizer, index, info.world_size)
         if told_here and args.term_in == "random":
             time.sleep(0.03)  # the timer's signal lands before the step ends
         saved = step % args.every == 0

@@ -51,10 +51,24 @@ class _KillWhilePickled:
         raise AssertionError("unreachable")
 
 
-def _sample(index: int) -> tuple[torch.Tensor, torch.Tensor]:
+def train_on(model: Counted, optimizer: torch.optim.Optimizer, index: int, world: int) -> None:
+    """One step on sample ``index``: the all-reduced gradient, and the count of what was seen.
+
+    Shared with ``_preempt_script.py``.
+    """
     generator = torch.Generator().manual_seed(1000 + index)
     x = torch.randn(4, generator=generator, dtype=torch.float64)
-    return x, x.sum() * 0.5
+    loss = (model.weight @ x - x.sum() * 0.5) ** 2
+    loss.backward()  # type: ignore[no-untyped-call]
+    assert model.weight.grad is not None
+    distcompat.all_reduce(model.weight.grad)
+    model.weight.grad /= world
+    counts = torch.zeros_like(model.seen)
+    counts[index] = 1
+    distcompat.all_reduce(counts)
+    model.seen += counts
+    optimizer.step()
+    optimizer.zero_grad()
 
 
 def main() -> int:
@@ -79,18 +93,7 @@ def main() -> int:
         step += 1
         if info.rank == kill_rank and step == kill_step and args.kill_in == "step":
             os.kill(os.getpid(), signal.SIGKILL)
-        x, y = _sample(index)
-        loss = (model.weight @ x - y) ** 2
-        loss.backward()  # type: ignore[no-untyped-call]
-        assert model.weight.grad is not None
-        distcompat.all_reduce(model.weight.grad)
-        model.weight.grad /= info.world_size
-        counts = torch.zeros(args.samples, dtype=torch.int64)
-        counts[index] = 1
-        distcompat.all_reduce(counts)
-        model.seen += counts
-        optimizer.step()
-        optimizer.zero_grad()
+        train_on(model, optimizer, index, info.world_size)
         if step % args.every == 0:
             bomb = info.rank == kill_rank and step == kill_step and args.kill_in == "save"
             extra = {"bomb": _KillWhilePickled()} if bomb else {}
