@@ -29,6 +29,8 @@ import procs
 READY_TIMEOUT_S = 60.0
 MUNGE_KEY = Path("/etc/munge/munge.key")
 _CPUS = 4
+#: Seconds a job step's credential is valid, and a requeued job's wait before it starts again.
+CRED_EXPIRE_S = 10
 
 
 def _free_port() -> int:
@@ -49,7 +51,9 @@ def _config(root: Path, node: str, ports: tuple[int, int]) -> str:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={root / 'munge' / 'socket'}",
+            # a requeued job waits cred_expire + 1 s before it may start again (slurm.conf(5));
+            # 120 by default, which would make the requeue case wait two minutes for nothing
+            f"AuthInfo=socket={root / 'munge' / 'socket'},cred_expire={CRED_EXPIRE_S}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
