@@ -21,10 +21,11 @@ parameters bit for bit, each sample seen once).
   it again).
 * ``slurm-preempt-usr1-requeue``: ``sbatch --requeue --signal=B:USR1@10 -t 1``; the batch
   script traps USR1 and forwards it to its ``srun`` (``B:`` signals only the batch shell). The
-  ranks wait at step ``HOLD_AT`` for the warning (Slurm sends it when it checks time limits:
-  20-50 s into the minute), save, rank 0 runs ``scontrol requeue``, they exit 138; Slurm
-  starts the job again (``Restarts=1``, ``SLURM_RESTART_COUNT=1``) and that run resumes and
-  completes.
+  ranks wait at step ``HOLD_AT`` for the warning (it came 27-37 s into the minute here), save,
+  rank 0 runs ``scontrol requeue`` (logged), they exit 138 or are ended by the requeue, which
+  cancels the step after the save committed; Slurm starts the job again (``Restarts=1``,
+  ``SLURM_RESTART_COUNT=1``), and that run resumes and completes (``COMPLETED``, exit 0:0).
+  The session's cluster keeps a requeued job's wait short (``slurm_cluster.CRED_EXPIRE_S``).
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ STEP_S = "0.25"  # a pause after each step (24 steps), so that the signal lands 
 SIGNAL_AFTER = 8  # the case signals once rank 0 logged this step
 HOLD_AT = 8  # the requeue case's first run waits here for the time-limit warning
 RANKS = 2
-#: The time limit (minutes) and warning (seconds before it) of the requeue case: Slurm checks
-#: time limits every 30 s and may send the warning up to that much early, so it comes 20-50 s
-#: into the job, before the 60 s limit.
+#: The time limit (minutes) and warning (seconds before it) of the requeue case. Slurm sends the
+#: warning when it checks time limits, up to 60 s early (sbatch(1)): 27-37 s into the job here,
+#: after the ranks are at step HOLD_AT (about 10 s) and before the 60 s limit.
 LIMIT_MIN, WARN_S = 1, 10
 
 
