@@ -41,6 +41,8 @@ SAMPLES = 96
 BATCH = 2
 EVERY = 3
 KILL_RANK, KILL_STEP = 1, 14  # 2 ranks x 2 samples a step: 24 steps an epoch; saved after 12
+_KILLED = f"rank {KILL_RANK} killed at step {KILL_STEP}"
+_RESUME_AFTER_KILL = (KILL_STEP - 1) // EVERY * EVERY
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,35 +57,49 @@ class Restart:
     binaries: tuple[str, ...] = ()
 
 
-def _script(out: Path, kill: str, run: str, *extra: str, samples: int = SAMPLES) -> list[str]:
+def script_argv(out: Path, kill: str, run: str, *extra: str, samples: int = SAMPLES) -> list[str]:
+    """``elastic_train.py`` and its arguments (the launcher's command goes before it)."""
     argv = [str(ELASTIC_TRAIN), "--out", str(out), "--tag", run]
     argv += ["--samples", str(samples), "--batch", str(BATCH), "--every", str(EVERY)]
     return argv + (["--kill", kill] if kill else []) + list(extra)
 
 
-def _launch(
+def start_script(
     ctx: Context,
     out: Path,
     head: list[str],
-    *,
+    *extra: str,
+    kill: str = "",
+    run: str,
+    samples: int = SAMPLES,
+) -> procs.Job:
+    """Start ``head + elastic_train.py ... extra`` into ``out``; the log is ``<run>.log``."""
+    out.mkdir(parents=True, exist_ok=True)
+    argv = head + script_argv(out, kill, run, *extra, samples=samples)
+    env = ctx.env if ctx.cluster is None else {**ctx.env, **ctx.cluster.env}  # SLURM_CONF
+    return procs.start(argv, env=env, log=out / f"{run}.log", cwd=out)
+
+
+def launch(
+    ctx: Context,
+    out: Path,
+    head: list[str],
+    *extra: str,
     kill: str = "",
     run: str,
     samples: int = SAMPLES,
     timeout: float | None = None,
 ) -> procs.Finished:
-    """Run ``head + elastic_train.py ...`` into ``out``; the log is ``<run>.log``."""
-    out.mkdir(parents=True, exist_ok=True)
-    argv = head + _script(out, kill, run, samples=samples)
-    env = ctx.env if ctx.cluster is None else {**ctx.env, **ctx.cluster.env}  # SLURM_CONF
-    limit = ctx.timeout if timeout is None else timeout
-    return procs.run(argv, env=env, log=out / f"{run}.log", timeout=limit, cwd=out)
+    """Run ``head + elastic_train.py ... extra`` into ``out`` and wait, bounded by the timeout."""
+    job = start_script(ctx, out, head, *extra, kill=kill, run=run, samples=samples)
+    return procs.wait(job, ctx.timeout if timeout is None else timeout)
 
 
-def _torchrun(ctx: Context, *flags: str) -> list[str]:
+def torchrun_head(ctx: Context, *flags: str) -> list[str]:
     return [str(ctx.bin / "torchrun"), "--standalone", "--nproc-per-node=2", *flags]
 
 
-def _mpirun(ctx: Context) -> list[str]:
+def mpirun_head(ctx: Context) -> list[str]:
     mpirun = ["mpirun.openmpi", "--allow-run-as-root", "--oversubscribe", "-np", "2"]
     return [*mpirun, ctx.python]
 
@@ -95,7 +111,7 @@ def _losses(out: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-def _result(out: Path) -> dict[str, Any] | None:
+def read_result(out: Path) -> dict[str, Any] | None:
     try:
         found: dict[str, Any] = json.loads((out / "result.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -103,23 +119,33 @@ def _result(out: Path) -> dict[str, Any] | None:
     return found
 
 
-def _judge(
-    plain_out: Path, killed_out: Path, run: str, how: str, seconds: float, plain_s: float
+def judge_resumed(
+    plain_out: Path,
+    out: Path,
+    *,
+    run: str,
+    resumed_after: int,
+    what: str,
+    how: str,
+    seconds: float,
+    plain_s: float,
 ) -> Verdict:
-    """Compare the resumed ``run`` in ``killed_out`` with the uninterrupted run."""
-    reference, result = _result(plain_out), _result(killed_out)
+    """Compare the run tagged ``run`` in ``out``, which must have resumed after step
+    ``resumed_after``, with the uninterrupted run in ``plain_out``: the same losses from there
+    on, each sample seen once, the same final parameters. ``what`` happened, ``how`` it came
+    back: the words of the pass line."""
+    reference, result = read_result(plain_out), read_result(out)
     if reference is None or result is None:
         which = "uninterrupted" if reference is None else "resumed"
         return Verdict(ok=False, line=f"FAIL no result.json from the {which} run ({seconds:.1f} s)")
     problems = []
-    expected_resume = (KILL_STEP - 1) // EVERY * EVERY
     if result["run"] != run:
         problems.append(f"finished in run {result['run']!r}, not {run!r}")
-    if result["resumed_step"] != expected_resume:
-        problems.append(f"resumed after step {result['resumed_step']}, not {expected_resume}")
+    if result["resumed_step"] != resumed_after:
+        problems.append(f"resumed after step {result['resumed_step']}, not {resumed_after}")
     want = {r["step"]: r["loss"] for r in _losses(plain_out)}
-    after = [r for r in _losses(killed_out) if r["run"] == run]
-    if [r["step"] for r in after] != list(range(expected_resume + 1, max(want) + 1)):
+    after = [r for r in _losses(out) if r["run"] == run]
+    if [r["step"] for r in after] != list(range(resumed_after + 1, max(want) + 1)):
         problems.append(f"the resumed run ran steps {[r['step'] for r in after][:3]}...")
     differ = [r["step"] for r in after if want.get(r["step"]) != r["loss"]]
     if differ:
@@ -134,9 +160,9 @@ def _judge(
     return Verdict(
         ok=True,
         line=(
-            f"pass (2 ranks, {seconds:.1f} s; rank {KILL_RANK} killed at step {KILL_STEP}, "
-            f"{how}, resumed after step {expected_resume} in {result['resume_s']:.2f} s, "
-            f"losses of steps {expected_resume + 1}-{max(want)} equal to an uninterrupted run "
+            f"pass (2 ranks, {seconds:.1f} s; {what}, {how}, resumed after step {resumed_after} "
+            f"in {result['resume_s']:.2f} s, "
+            f"losses of steps {resumed_after + 1}-{max(want)} equal to an uninterrupted run "
             f"({plain_s:.1f} s), each of {SAMPLES} samples seen once, final parameters equal)"
         ),
     )
@@ -146,57 +172,73 @@ def torchrun_elastic(ctx: Context) -> Verdict:
     """A rank killed under torchrun --max-restarts=1: restarted, resumed, same result."""
     started = time.monotonic()
     plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
-    plain = _launch(ctx, plain_out, _torchrun(ctx), run="plain")
+    plain = launch(ctx, plain_out, torchrun_head(ctx), run="plain")
     plain_s = time.monotonic() - started
     if plain.returncode != 0:
         line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
         return Verdict(ok=False, line=line)
-    head = _torchrun(ctx, "--max-restarts=1", "--monitor-interval=0.1")
+    head = torchrun_head(ctx, "--max-restarts=1", "--monitor-interval=0.1")
     # the script tags each attempt with torchrun's restart count: "attempt-0", "attempt-1"
-    killed = _launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="attempt")
+    killed = launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="attempt")
     seconds = time.monotonic() - started
     if killed.returncode != 0:
         return Verdict(ok=False, line=f"FAIL killed run: exit {killed.returncode}: "
                        f"{killed.tail()} ({seconds:.1f} s)")  # fmt: skip
-    return _judge(
-        plain_out, killed_out, "attempt-1", "torchrun restarted the group", seconds, plain_s
+    return judge_resumed(
+        plain_out,
+        killed_out,
+        run="attempt-1",
+        resumed_after=_RESUME_AFTER_KILL,
+        what=_KILLED,
+        how="torchrun restarted the group",
+        seconds=seconds,
+        plain_s=plain_s,
     )
 
 
-def _srun(ctx: Context) -> list[str]:
+def srun_head(ctx: Context) -> list[str]:
     return ["srun", "-n", "2", ctx.python]
 
 
 def openmpi_rerun(ctx: Context) -> Verdict:
     """A rank killed under mpirun ends the job; the same command again resumes it."""
-    return _rerun(ctx, _mpirun(ctx), "mpirun")
+    return _rerun(ctx, mpirun_head(ctx), "mpirun")
 
 
 def slurm_rerun(ctx: Context) -> Verdict:
     """A rank killed under srun ends the step; the same srun again resumes it."""
-    return _rerun(ctx, _srun(ctx), "srun")
+    return _rerun(ctx, srun_head(ctx), "srun")
 
 
 def _rerun(ctx: Context, head: list[str], launcher: str) -> Verdict:
     """Uninterrupted, killed, then the same command again: the last one must resume."""
     started = time.monotonic()
     plain_out, killed_out = ctx.work / "uninterrupted", ctx.work / "killed"
-    plain = _launch(ctx, plain_out, head, run="plain")
+    plain = launch(ctx, plain_out, head, run="plain")
     plain_s = time.monotonic() - started
     if plain.returncode != 0:
         line = f"FAIL uninterrupted run: exit {plain.returncode}: {plain.tail()} ({plain_s:.1f} s)"
         return Verdict(ok=False, line=line)
-    first = _launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="first")
+    first = launch(ctx, killed_out, head, kill=f"{KILL_RANK}@{KILL_STEP}", run="first")
     if first.returncode in (0, None):
         what = "hung" if first.returncode is None else "exited 0"
         return Verdict(ok=False, line=f"FAIL the run with a killed rank {what}: {first.tail()}")
-    rerun = _launch(ctx, killed_out, head, run="rerun")
+    rerun = launch(ctx, killed_out, head, run="rerun")
     seconds = time.monotonic() - started
     if rerun.returncode != 0:
         return Verdict(ok=False, line=f"FAIL re-run: exit {rerun.returncode}: "
                        f"{rerun.tail()} ({seconds:.1f} s)")  # fmt: skip
     how = f"{launcher} ended the job (exit {first.returncode}), the same command again"
-    return _judge(plain_out, killed_out, "rerun", how, seconds, plain_s)
+    return judge_resumed(
+        plain_out,
+        killed_out,
+        run="rerun",
+        resumed_after=_RESUME_AFTER_KILL,
+        what=_KILLED,
+        how=how,
+        seconds=seconds,
+        plain_s=plain_s,
+    )
 
 
 #: Runs of ``openmpi-exits``, and the samples of each (2 ranks x 2 a step: 3 steps, one save).
@@ -209,8 +251,9 @@ def openmpi_exits(ctx: Context) -> Verdict:
     failed = []
     for run in range(EXIT_RUNS):
         out = ctx.work / f"exit{run}"
-        done = _launch(ctx, out, _mpirun(ctx), run=f"exit{run}", samples=EXIT_SAMPLES, timeout=60)
-        result = _result(out)
+        head = mpirun_head(ctx)
+        done = launch(ctx, out, head, run=f"exit{run}", samples=EXIT_SAMPLES, timeout=60)
+        result = read_result(out)
         if done.returncode != 0 or result is None or result["last_step"] % EVERY:
             failed.append(f"run {run}: exit {done.returncode}: {done.tail()}")
     seconds = time.monotonic() - started
@@ -239,7 +282,7 @@ def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
         f"--rdzv-conf=is_host={1 if node == 0 else 0},last_call_timeout=5",
         f"--local-addr={ADDRESSES[node]}",
     ]
-    script = _script(out, f"{KILL_RANK}@{KILL_STEP}", "attempt", "--kill-node")
+    script = script_argv(out, f"{KILL_RANK}@{KILL_STEP}", "attempt", "--kill-node")
     return procs.start(
         ctx.nodes.exec_in(node, [*torchrun, *script]),
         env=node_env(ctx, node),
@@ -257,7 +300,7 @@ def torchrun_2node_shrink(ctx: Context) -> Verdict:
     jobs = [_elastic_node(ctx, node, out, run_id) for node in (0, 1)]
     node0, node1 = procs.wait_all(jobs, ctx.timeout)
     seconds = time.monotonic() - started
-    result = _result(out)
+    result = read_result(out)
     problems = []
     if node0.returncode != 0:
         problems.append(f"node 0: exit {node0.returncode}: {node0.tail()}")
@@ -266,14 +309,15 @@ def torchrun_2node_shrink(ctx: Context) -> Verdict:
     if result is None:
         problems.append("no result.json")
     else:
-        expected_resume = (KILL_STEP - 1) // EVERY * EVERY
         if (result["world_size"], result["attempt"]) != (1, 1):
             problems.append(
                 f"finished with world size {result['world_size']} on attempt {result['attempt']}, "
                 "not 1 rank after one restart"
             )
-        if result["resumed_step"] != expected_resume:
-            problems.append(f"resumed after step {result['resumed_step']}, not {expected_resume}")
+        if result["resumed_step"] != _RESUME_AFTER_KILL:
+            problems.append(
+                f"resumed after step {result['resumed_step']}, not {_RESUME_AFTER_KILL}"
+            )
         if result["seen"] != [1] * SAMPLES:
             wrong = [i for i, c in enumerate(result["seen"]) if c != 1]
             problems.append(f"samples not seen exactly once: {wrong[:8]}")

@@ -16,6 +16,14 @@ step S on the first attempt (``TORCHELASTIC_RESTART_COUNT`` 0 or unset), so torc
 restart the group, or under another launcher the job ends and is run again without ``--kill``.
 ``--kill-node``: the rank kills its torchrun agent too, as when its node is lost; an elastic
 torchrun (``--nnodes=1:2``) then continues on the nodes left, with a smaller world.
+
+``--preempt``: a ``distcompat.preemption.Preemption`` is asked each step whether to stop (the
+cases of ``preempted.py`` signal the job mid-run). Each rank writes its pid to
+``DIR/pid-<run>-<rank>`` at the start and, when it stops, its ``StopReport`` to
+``DIR/stop-<run>-<rank>.json`` before it exits as the report says. ``--step-s S`` sleeps S s
+after each step (the numbers stay the same), so that a signal lands mid-run. ``--hold-at S``:
+a run that has not passed step S waits there, asking ``should_stop`` every 0.2 s, until a stop
+signal comes (a job whose time-limit warning falls mid-run, at a moment Slurm picks).
 """
 
 from __future__ import annotations
@@ -26,13 +34,18 @@ import json
 import os
 import signal
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
 import distcompat
 from distcompat.checkpoint import atomic_write_json, resume, save_checkpoint, training_state
 from distcompat.data import ShardedSampler
+from distcompat.preemption import Preemption
 
 FEATURES = 8
 
@@ -62,6 +75,13 @@ def batch(indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     return inputs, inputs.sum(dim=1) * 0.5
 
 
+def _stop(preemption: Preemption, report_file: Path, save: Callable[[], None] | None) -> NoReturn:
+    """Save the agreed step (unless the loop just did), write the report, exit as it says."""
+    report = preemption.stop(save=save, exit=False)
+    atomic_write_json(report_file, asdict(report))
+    preemption.exit(report)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -75,6 +95,9 @@ def main() -> int:
     parser.add_argument(
         "--tag", default="run", help="tag of this run's lines (under torchrun: + -<attempt>)"
     )
+    parser.add_argument("--preempt", action="store_true", help="stop together when signalled")
+    parser.add_argument("--step-s", type=float, default=0.0, help="sleep after each step")
+    parser.add_argument("--hold-at", type=int, default=0, help="wait at this step for a signal")
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
@@ -86,6 +109,9 @@ def main() -> int:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     sampler = ShardedSampler(range(args.samples), shuffle=True, seed=5, mode="drop")
     resumed = resume(args.out / "ckpt", model=model, optimizer=optimizer, loader=sampler)
+    preemption = Preemption(grace_s=20) if args.preempt else None
+    if preemption is not None:
+        (args.out / f"pid-{args.tag}-{info.rank}").write_text(str(os.getpid()), encoding="utf-8")
     indices = iter(sampler)
     step = resumed.step
     while True:
@@ -115,9 +141,26 @@ def main() -> int:
             with (args.out / "losses.jsonl").open("a", encoding="utf-8") as log:
                 line = {"run": args.tag, "step": step, "loss": mean.item() / info.world_size}
                 log.write(json.dumps(line) + "\n")
-        if step % args.every == 0:
+        saved = step % args.every == 0
+        if saved:
             state = training_state(model=model, optimizer=optimizer, loader=sampler)
             save_checkpoint(args.out / "ckpt", step, state, keep_last=2)
+        if preemption is not None:
+            time.sleep(args.step_s)
+            stop_now = preemption.should_stop(step)
+            while step == args.hold_at and not stop_now:
+                time.sleep(0.2)
+                stop_now = preemption.should_stop(step)
+            if stop_now:
+
+                def save(step: int = step) -> None:
+                    state = training_state(model=model, optimizer=optimizer, loader=sampler)
+                    save_checkpoint(args.out / "ckpt", step, state, keep_last=2)
+
+                stop_file = args.out / f"stop-{args.tag}-{info.rank}.json"
+                _stop(preemption, stop_file, None if saved else save)
+    if preemption is not None:
+        preemption.close()
     if info.rank == 0:
         raw = model.weight.detach().view(torch.uint8)
         atomic_write_json(

@@ -6,6 +6,7 @@
     python tools/launchers/run.py --only torchrun-elastic   # a rank killed, torchrun restarts
     python tools/launchers/run.py --only openmpi-rerun      # killed under mpirun, then re-run
     python tools/launchers/run.py --only openmpi-kill-named # a lost peer named under mpirun
+    python tools/launchers/run.py --only slurm-preempt-term # told to stop, saved, re-run
     python tools/launchers/run.py --list            # the names
 
 Prints ``launcher NAME: pass (N ranks, X s)`` or ``launcher NAME: FAIL <reason>`` per launcher and
@@ -38,6 +39,7 @@ from cases import CASES, Case, Context, Need
 from elastic import RESTARTS, Restart
 from faults import FAULTS
 from netns import TwoNodes
+from preempted import PREEMPTED
 from report import read_reports
 from slurm_cluster import SlurmCluster
 from verdict import Verdict, judge
@@ -108,8 +110,10 @@ ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs == "host"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "host"),
     *(_restart_item(w) for w in WATCHED if w.needs == "host"),
+    *(_restart_item(p) for p in PREEMPTED if p.needs == "host"),
     *(_launch_item(case) for case in CASES if case.needs == "slurm"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
+    *(_restart_item(p) for p in PREEMPTED if p.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "netns"),
     *(Item(kind="fault", name=f.name, needs="netns", timeout=0, run=f.run) for f in FAULTS),

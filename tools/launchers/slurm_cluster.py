@@ -29,6 +29,10 @@ import procs
 READY_TIMEOUT_S = 60.0
 MUNGE_KEY = Path("/etc/munge/munge.key")
 _CPUS = 4
+#: Seconds a job step's credential is valid, and a requeued job's wait before it starts again.
+CRED_EXPIRE_S = 10
+#: Seconds between the scheduler's full passes over the pending jobs.
+SCHED_INTERVAL_S = 5
 
 
 def _free_port() -> int:
@@ -49,13 +53,18 @@ def _config(root: Path, node: str, ports: tuple[int, int]) -> str:
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
-            f"AuthInfo=socket={root / 'munge' / 'socket'}",
+            # a requeued job waits cred_expire + 1 s before it may start again (slurm.conf(5));
+            # 120 by default, which would make the requeue case wait two minutes for nothing
+            f"AuthInfo=socket={root / 'munge' / 'socket'},cred_expire={CRED_EXPIRE_S}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerType=sched/builtin",
+            # a job whose begin time passed (a requeued one) starts at the next full scheduling
+            # pass, every 60 s by default: up to a minute idle in the requeue case
+            f"SchedulerParameters=sched_interval={SCHED_INTERVAL_S}",
             "MpiDefault=none",
             "ReturnToService=2",
             "SlurmdParameters=config_overrides",
