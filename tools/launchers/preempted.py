@@ -76,8 +76,11 @@ def _stops(out: Path, run: str) -> list[dict[str, Any]]:
     return found
 
 
-def _judge_stops(stops: list[dict[str, Any]], signum: int) -> tuple[list[str], int]:
-    """Problems with the ranks' stop reports, and the step they agreed on (-1: none)."""
+def _judge_stops(stops: list[dict[str, Any]], signum: int, launcher: str) -> tuple[list[str], int]:
+    """Problems with the ranks' stop reports, and the step they agreed on (-1: none).
+
+    ``launcher``: the one each report must name (what init detected, not the torchrun variables
+    distcompat exports under another launcher)."""
     if len(stops) != RANKS:
         return [f"stop reports from ranks {[s['rank'] for s in stops]}, not all {RANKS}"], -1
     problems = []
@@ -88,6 +91,9 @@ def _judge_stops(stops: list[dict[str, Any]], signum: int) -> tuple[list[str], i
     told = {(s["signal"], s["plan"]["exit_code"]) for s in stops}
     if told != {(name, code)}:
         problems.append(f"stop reports say {sorted(told)}, not {name} and exit {code}")
+    named = {s["plan"]["launcher"] for s in stops}
+    if named != {launcher}:
+        problems.append(f"stop reports name launcher {sorted(named)}, not {launcher}")
     return problems, min(steps)
 
 
@@ -124,6 +130,7 @@ def _told_and_rerun(
     head: list[str],
     *,
     tell: Callable[[procs.Job, Path], str],
+    launcher: str,
     suffix: str = "",
 ) -> Verdict:
     """Uninterrupted; then told by ``tell`` (which signals and says whom) after step
@@ -149,7 +156,7 @@ def _told_and_rerun(
         what = "hung" if first.returncode is None else "exited 0"
         return _fail(f"the told run {what} after SIGTERM to {whom}: {first.tail()}", started)
     stops = _stops(out, "first" + suffix)
-    problems, step = _judge_stops(stops, signal.SIGTERM)
+    problems, step = _judge_stops(stops, signal.SIGTERM, launcher)
     if problems:
         return _fail("; ".join(problems) + f": {first.tail()}", started)
     rerun = launch(ctx, out, head, "--preempt", run="rerun")
@@ -182,12 +189,14 @@ def _term_rank_1(job: procs.Job, out: Path) -> str:
 
 def torchrun_preempt_agent(ctx: Context) -> Verdict:
     """SIGTERM to torchrun's agent: forwarded, both workers save one step; the re-run resumes."""
-    return _told_and_rerun(ctx, torchrun_head(ctx), tell=_term_agent, suffix="-0")
+    return _told_and_rerun(
+        ctx, torchrun_head(ctx), tell=_term_agent, launcher="torchrun", suffix="-0"
+    )
 
 
 def openmpi_preempt_one_rank(ctx: Context) -> Verdict:
     """SIGTERM to one rank under mpirun: both save the same step; the re-run resumes."""
-    return _told_and_rerun(ctx, mpirun_head(ctx), tell=_term_rank_1)
+    return _told_and_rerun(ctx, mpirun_head(ctx), tell=_term_rank_1, launcher="openmpi")
 
 
 def _slurm(ctx: Context, *argv: str) -> str:
@@ -207,7 +216,7 @@ def slurm_preempt_term(ctx: Context) -> Verdict:
             _slurm(ctx, "scancel", "--signal=TERM", found)
         return f"job {','.join(jobs)} (scancel --signal=TERM)"
 
-    return _told_and_rerun(ctx, srun_head(ctx), tell=scancel_term)
+    return _told_and_rerun(ctx, srun_head(ctx), tell=scancel_term, launcher="slurm")
 
 
 def _batch_script(ctx: Context, out: Path) -> Path:
@@ -284,7 +293,7 @@ def slurm_preempt_usr1_requeue(ctx: Context) -> Verdict:
             f"(exit {fields.get('ExitCode')}), not COMPLETED after 1"
         )
     stops = _stops(out, "requeue-0")
-    stop_problems, step = _judge_stops(stops, signal.SIGUSR1)
+    stop_problems, step = _judge_stops(stops, signal.SIGUSR1, "slurm")
     problems += stop_problems
     if not problems and stops[0]["plan"]["requeue_job"] != job:
         problems.append(f"the stop planned no requeue of job {job}: {stops[0]['plan']['how']}")

@@ -25,7 +25,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from distcompat.launch._env import Launcher, detect_launcher
+from distcompat.launch._env import detect_launcher
 
 __all__ = ["ComebackPlan", "comeback_plan"]
 
@@ -34,7 +34,7 @@ __all__ = ["ComebackPlan", "comeback_plan"]
 class ComebackPlan:
     """What a stopped rank does last: its exit status, and the Slurm job to requeue (or None)."""
 
-    launcher: Launcher
+    launcher: str
     exit_code: int
     requeue_job: str | None
     how: str
@@ -45,12 +45,15 @@ def comeback_plan(
     *,
     requeue: bool | None = None,
     exit_code: int | None = None,
+    launcher: str | None = None,
     environ: Mapping[str, str] | None = None,
 ) -> ComebackPlan:
     """Say how this rank should end after a stop that ``signum`` asked for.
 
     ``requeue``: ask Slurm to requeue the job (None: on Slurm, for SIGUSR1, the time-limit
-    warning). ``exit_code`` None means ``128 + signum``.
+    warning). ``exit_code`` None means ``128 + signum``. ``launcher``: the one init detected
+    (``DistInfo.launcher``); None detects it from ``environ``, which after ``init_distributed``
+    holds the torchrun variables distcompat exported for another launcher, so pass it then.
 
     Example:
         >>> plan = comeback_plan(signal.SIGTERM, environ={"TORCHELASTIC_RUN_ID": "x",
@@ -62,7 +65,7 @@ def comeback_plan(
         '42'
     """
     env = os.environ if environ is None else environ
-    launcher = detect_launcher(env)
+    launcher = detect_launcher(env) if launcher is None else launcher
     code = 128 + int(signum) if exit_code is None else exit_code
     if not 0 <= code <= 255:
         raise ValueError(f"exit_code={code} must be in [0, 255] (an exit status)")

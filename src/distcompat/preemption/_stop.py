@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from distcompat._ranks import recorded
 from distcompat.checkpoint._sync import DEFAULT_SYNC_TIMEOUT_S, save_group
 from distcompat.launch import ComebackPlan, comeback_plan
 from distcompat.preemption._agree import earliest, exchange
@@ -179,7 +180,13 @@ class Preemption:
         )
 
     def _plan(self, signum: int) -> ComebackPlan:
-        return comeback_plan(signum, requeue=self._requeue, exit_code=self._exit_code)
+        info = recorded()  # the launcher init saw: init exports torchrun's variables for others
+        return comeback_plan(
+            signum,
+            requeue=self._requeue,
+            exit_code=self._exit_code,
+            launcher=None if info is None else info.launcher,
+        )
 
     def should_stop(self, step: int) -> bool:
         """Return whether every rank stops after ``step``: the same answer on every rank.
