@@ -62,9 +62,10 @@ def run_pair(nodes: TwoNodes, script: Path, args: Sequence[str], port: int) -> l
             "GROUP_RANK": str(rank), "NODE_RANK": str(rank), "MASTER_ADDR": ADDRESSES[0],
             "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
         }  # fmt: skip
-        # sh stays pid 1 of the pid namespace (`; exit`), so the rank may SIGKILL itself
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", '"$0" "$@"; exit $?',
-                sys.executable, str(script), *args]  # fmt: skip
+        # sh stays pid 1 of the pid namespace (`; exit`), so the rank may SIGKILL itself; a
+        # timed-out unshare, killed below, takes its namespace with it (--kill-child)
+        argv = ["unshare", "--pid", "--kill-child", "--mount-proc",
+                "sh", "-c", '"$0" "$@"; exit $?', sys.executable, str(script), *args]  # fmt: skip
         procs.append(
             subprocess.Popen(
                 nodes.exec_in(rank, argv),

@@ -23,6 +23,7 @@ import pytest
 from _two_hosts import Ran, TwoNodes, needs_namespaces, run_pair
 from distcompat.collectives._peer_links import Ended, Links, all_linked, linked
 from distcompat.collectives._peers import LEFT, Identity
+from distcompat.testing import run_on_ranks
 
 SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
 SEEN = re.compile(
@@ -37,13 +38,13 @@ Job = tuple[list[Ran], Path]  # each rank's outcome, and the job's directory
 def two_hosts(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Job]]:
-    """The ``loop`` (rank 1 SIGKILLed) and ``leave`` (rank 1 destroys) jobs, at once."""
+    """The ``loop`` (rank 1 SIGKILLed), ``leave`` (rank 1 destroys) and ``raise`` jobs, at once."""
     needs_namespaces()
-    with TwoNodes.create() as nodes, ThreadPoolExecutor(2) as pool:
+    with TwoNodes.create() as nodes, ThreadPoolExecutor(3) as pool:
         # the namespaces are this test's own: nothing else listens on these ports there
         jobs = {
             scenario: (pool.submit(run_pair, nodes, SCRIPT, (scenario, str(path)), port), path)
-            for scenario, port in (("loop", 29511), ("leave", 29512))
+            for scenario, port in (("loop", 29511), ("leave", 29512), ("raise", 29513))
             for path in (tmp_path_factory.mktemp(scenario),)
         }
         yield {scenario: (job.result(), directory) for scenario, (job, directory) in jobs.items()}
@@ -73,6 +74,44 @@ def test_a_peer_on_another_machine_that_destroys_its_group_is_not_reported(
     assert "rank 0: left" in ranks[0].stdout
     assert "distcompat: rank 1" not in ranks[0].stderr
     assert "no link to rank" not in ranks[0].stderr + ranks[1].stderr
+
+
+@pytest.mark.slow
+def test_the_exception_that_ended_a_peer_on_another_machine_is_told(
+    two_hosts: dict[str, Job],
+) -> None:
+    ranks, _ = two_hosts["raise"]
+    assert ranks[1].returncode == 1, ranks[1].stderr[-3000:]
+    assert ranks[0].returncode == 3, ranks[0].stderr[-3000:]
+    match = SEEN.search(ranks[0].stderr)
+    assert match, ranks[0].stderr[-3000:]
+    assert re.fullmatch(r"exited after ValueError: bad batch 7 at _peer_watch_script.py:\d+",
+                        match.group(1))  # fmt: skip
+    assert "raised PeerLostError" in ranks[0].stdout, ranks[0].stdout
+
+
+def _relayed() -> list[tuple[int, str]]:
+    """Rank 0 posts two losses; every rank reads them back, then nothing more."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import _peer_relay
+    from distcompat.collectives._peers import Lost
+
+    if dist.get_rank() == 0:
+        _peer_relay.post(Lost(5, 11, "node5", 0.0, ""))
+        _peer_relay.post(Lost(6, 12, "node6", 0.0, "KeyError: 'x' at a.py:3"))
+    dist.barrier()
+    count, found = _peer_relay.read_since(0, seen=1.0)
+    assert _peer_relay.read_since(count) == (count, [])
+    return [(lost.rank, lost.describe()) for lost in found if lost.seen == 1.0]
+
+
+def test_a_loss_posted_by_one_watch_is_read_by_every_rank() -> None:
+    """The relay of worlds too large to link every pair (its store keys; run_on_ranks)."""
+    for found in run_on_ranks(_relayed, 2):
+        assert found[-2:] == [
+            (5, "rank 5 (pid 11 on node5) ended"),
+            (6, "rank 6 (pid 12 on node6) exited after KeyError: 'x' at a.py:3"),
+        ]
 
 
 # --- without processes: which pairs link, and what a link says --------------------------------

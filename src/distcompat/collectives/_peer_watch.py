@@ -17,11 +17,13 @@ ends. The thread sleeps in ``poll`` on them all: no cost to any collective. When
 An error about to end this process settles first (:meth:`_Watch.settle`): the line is written
 before it, on the erring thread if the watch's own has not come to it yet.
 
-Across machines the line comes a round trip after the kill (FIGURES). A linked peer
-that ends on purpose says so on its link first (``stop``, and at exit), so no line is written
-for it even when the store ended with it. In a world of more than 65 ranks a rank links to its
-64 nearest ranks around the ring only; the watch that sees a loss posts it to the store and
-every watch reads the store every 0.5 s (``_peer_relay``), so each rank knows within a second.
+Across machines the line comes a round trip after the process ends (15.5 ms median, 41 ms
+worst of 10 from a SIGKILL, two network namespaces here, ``benchmarks/bench_peer_links.py``).
+A linked peer that stops its watch (destroy, or at exit) says its farewell on the link first
+(:func:`stop`): no line for a rank that left, and the exception for one that raised, even when
+the store ended with it. In a world of more than 65 ranks a rank links to its 64 nearest ranks
+around the ring only; the watch that sees a loss posts it to the store and every watch reads
+the store every 0.5 s (``_peer_relay``), so each rank knows within a second.
 A host that vanishes without closing its connections (power off, a cut cable) sends nothing:
 gloo's timeout and the watchdog cover it. Without pidfds (not Linux, an old kernel) nothing
 starts and ``gone_peers`` reads ``/proc`` as before.
@@ -68,7 +70,7 @@ class _Watch:
         self.told = threading.Condition()  # guards claimed and telling
         self.wake_read, self.wake_write = os.pipe()
         self.stopped = False
-        self.leaving = LEFT  # what the links are told when the watch stops (``stop``)
+        self.leaving = LEFT  # the farewell the links are told when the watch stops (``stop``)
         self.thread = threading.Thread(target=self._run, name="distcompat-peer-watch", daemon=True)
 
     def _run(self) -> None:
@@ -255,11 +257,12 @@ def start(me: int, world: int) -> None:
         _exit_hooked = True
 
 
-def stop(said: str = LEFT) -> None:
+def stop() -> None:
     """End the watch (the group is destroyed); its losses are forgotten.
 
-    Peers linked from other machines are told ``said`` (this rank's farewell), so that they do
-    not take this rank's sockets closing for a loss. Example:
+    Peers linked from other machines are told this rank's farewell (``_peers.own_farewell``:
+    the exception that is ending this process, else "left"), so that they do not take its
+    sockets closing for a loss, or name what ended it. Example:
         >>> stop()
     """
     global _watch
@@ -267,7 +270,7 @@ def stop(said: str = LEFT) -> None:
     if watch is None:
         return
     _peers.watcher = None
-    watch.leaving = said
+    watch.leaving = _peers.own_farewell() or LEFT
     watch.stopped = True
     with contextlib.suppress(OSError):
         os.write(watch.wake_write, b"x")
@@ -280,5 +283,5 @@ _exit_hooked = False
 
 
 def _at_exit() -> None:
-    """At interpreter exit, tell the linked peers why (an exception's farewell, else "left")."""
-    stop(_peers.own_farewell() or LEFT)
+    """At interpreter exit (the group not destroyed), tell the linked peers why, and close."""
+    stop()
