@@ -6,7 +6,9 @@ Rank 0 waits in an all_reduce that rank 1 never joins; rank 1, 1 s in, ends:
 
 * ``kill``: SIGKILLs itself (after writing the time to ``DIR/killed``);
 * ``raise``: raises ValueError outside any collective (an unhandled exception);
-* ``leave``: destroys its group and exits 0 (rank 0 sleeps instead of waiting, then leaves).
+* ``leave``: destroys its group and exits 0 (rank 0 sleeps instead of waiting, then leaves);
+* ``loop``: both ranks all_reduce in a loop; rank 1, 1 s in, SIGKILLs itself between two calls
+  (tests/test_collectives_peer_links.py runs it with the ranks on two "machines").
 
 Rank 0 prints ``rank 0: raised TYPE: MESSAGE`` for the error its all_reduce raised.
 """
@@ -30,12 +32,13 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(1))  # every rank is up, and the watch has its peers
+    if scenario == "loop":
+        _loop(rank, directory)
+        return
     if rank == 1:
         time.sleep(1)
         if scenario == "kill":
-            with open(os.path.join(directory, "killed"), "w") as out:
-                out.write(repr(time.time()))
-            os.kill(os.getpid(), signal.SIGKILL)
+            _kill_self(directory)
         if scenario == "raise":
             raise ValueError("bad batch 7")
         dist.destroy_process_group()
@@ -50,6 +53,24 @@ def main() -> None:
     except Exception as exc:  # the outcome under test
         print(f"rank 0: raised {type(exc).__name__}: {exc}", flush=True)
         sys.exit(3)
+
+
+def _loop(rank: int, directory: str) -> None:
+    started = time.monotonic()
+    try:
+        while True:
+            dist.all_reduce(torch.ones(1))
+            if rank == 1 and time.monotonic() - started > 1:
+                _kill_self(directory)
+    except Exception as exc:  # the outcome under test
+        print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+        sys.exit(3)
+
+
+def _kill_self(directory: str) -> None:
+    with open(os.path.join(directory, "killed"), "w") as out:
+        out.write(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ and the address match used for peers on other machines.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -27,6 +28,15 @@ def test_identity_round_trips_through_json() -> None:
     assert me.start > 0
     assert Identity.from_json(me.to_json()) == me
     assert not _dead(me)
+
+
+def test_an_identity_without_a_port_or_with_unknown_fields_is_read() -> None:
+    me = Identity.here()
+    assert me.port == 0  # publish adds the peer watch's port
+    written = json.loads(me.to_json())
+    del written["port"]  # as distcompat wrote it before links
+    assert Identity.from_json(json.dumps(written)) == me
+    assert Identity.from_json(json.dumps({**written, "port": 7, "later": 1})).port == 7
 
 
 def test_a_recycled_pid_is_not_the_same_process() -> None:

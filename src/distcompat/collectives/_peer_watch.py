@@ -1,10 +1,11 @@
-"""A peer that ends is known at once: this machine's peers watched through pidfds.
+"""A peer that ends is known at once: pidfds on this machine, idle TCP links across machines.
 
 ``init_distributed`` starts one daemon thread per process (:func:`start`). It reads the other
 ranks' identities (``_peers.publish``) and, for each peer on this machine, opens a pidfd
 (``os.pidfd_open``, Linux 5.3+), which becomes readable the moment that process ends, however it
-ends (an exception, ``os._exit``, SIGKILL, the OOM killer). The thread sleeps in ``poll`` on them:
-no cost to any collective. When one fires it
+ends (an exception, ``os._exit``, SIGKILL, the OOM killer). For a peer on another machine it
+holds an idle TCP link instead (``_peer_links``), which that process's kernel closes when it
+ends. The thread sleeps in ``poll`` on them all: no cost to any collective. When one fires it
 
 * logs one line naming the rank, its pid and host, and why it ended when the rank said so (its
   farewell, ``_peers.leave_farewell``: the exception that ended it), milliseconds after the exit
@@ -16,13 +17,21 @@ no cost to any collective. When one fires it
 An error about to end this process settles first (:meth:`_Watch.settle`): the line is written
 before it, on the erring thread if the watch's own has not come to it yet.
 
-Peers on other machines are not watched here (a pidfd names a process of this machine); gloo's
-connection reset and the watchdog cover them. Without pidfds (not Linux, an old kernel) nothing
+Across machines the line comes a round trip after the process ends (15.5 ms median, 41 ms
+worst of 10 from a SIGKILL, two network namespaces here, ``benchmarks/bench_peer_links.py``).
+A linked peer that stops its watch (destroy, or at exit) says its farewell on the link first
+(:func:`stop`): no line for a rank that left, and the exception for one that raised, even when
+the store ended with it. In a world of more than 65 ranks a rank links to its 64 nearest ranks
+around the ring only; the watch that sees a loss posts it to the store and every watch reads
+the store every 0.5 s (``_peer_relay``), so each rank knows within a second.
+A host that vanishes without closing its connections (power off, a cut cable) sends nothing:
+gloo's timeout and the watchdog cover it. Without pidfds (not Linux, an old kernel) nothing
 starts and ``gone_peers`` reads ``/proc`` as before.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -32,7 +41,8 @@ import time
 
 import torch.distributed as dist
 
-from distcompat.collectives import _peers
+from distcompat.collectives import _peer_relay, _peers
+from distcompat.collectives._peer_links import Links, all_linked, linked
 from distcompat.collectives._peers import LEFT, Identity, Lost
 
 __all__ = ["start", "stop", "supported"]
@@ -49,23 +59,30 @@ _IDENTITY_POLL_MAX_S = 5.0
 class _Watch:
     """The watch of one group's peers: its thread, and what it saw."""
 
-    def __init__(self, me: int, world: int) -> None:
-        self.me, self.world = me, world
-        self.peers: dict[int, Identity] = {}  # rank -> identity of each peer watched here
+    def __init__(self, me: int, world: int, links: Links | None) -> None:
+        self.me, self.world, self.links = me, world, links
+        self.relay = not all_linked(world)  # some pairs hold no link: losses go through the store
+        self.peers: dict[int, Identity] = {}  # rank -> identity of each peer watched by pidfd
+        self.remote: dict[int, Identity] = {}  # rank -> identity of each peer on another machine
         self.seen: dict[int, Lost] = {}
         self.claimed: set[int] = set()  # ranks whose end was recorded (or is being recorded)
         self.telling: set[int] = set()  # of those, the ones whose line is not written yet
         self.told = threading.Condition()  # guards claimed and telling
         self.wake_read, self.wake_write = os.pipe()
         self.stopped = False
+        self.leaving = LEFT  # the farewell the links are told when the watch stops (``stop``)
         self.thread = threading.Thread(target=self._run, name="distcompat-peer-watch", daemon=True)
 
     def _run(self) -> None:
         watched: dict[int, int] = {}  # pidfd -> rank
         poller = select.poll()
         poller.register(self.wake_read, select.POLLIN)
+        links = self.links
+        if links is not None:
+            poller.register(links.listener.fileno(), select.POLLIN)
         pending = set(range(self.world)) - {self.me}
         pause_s = _IDENTITY_POLL_S
+        relayed, relay_at = 0, 0.0  # losses read from the store so far; when to read again
         try:
             while not self.stopped:
                 if pending:
@@ -73,29 +90,77 @@ class _Watch:
                     pause_s = _IDENTITY_POLL_S if found else min(2 * pause_s, _IDENTITY_POLL_MAX_S)
                     for rank, peer in found.items():
                         pending.discard(rank)
-                        if not _peers.same_machine(peer):
-                            continue
-                        self.peers[rank] = peer
-                        fd = _open(peer)
-                        if fd is None:  # already gone, or its pid names another process now
-                            self._record(rank)
-                            continue
-                        watched[fd] = rank
-                        poller.register(fd, select.POLLIN)
-                timeout_ms = int(pause_s * 1000) if pending else None
+                        self._watch(rank, peer, poller, watched)
+                timeout_s = pause_s if pending else None
+                if self.relay:
+                    now = time.monotonic()
+                    if now >= relay_at:
+                        relayed, told = _peer_relay.read_since(relayed, time.time())
+                        for lost in told:
+                            self._record(lost.rank, told=lost)
+                        relay_at = now + _peer_relay.POLL_S
+                    timeout_s = min(timeout_s or _peer_relay.POLL_S, relay_at - now)
+                timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
                 for fd, _ in poller.poll(timeout_ms):
                     if fd == self.wake_read:
                         continue
-                    poller.unregister(fd)
-                    os.close(fd)
-                    self._record(watched.pop(fd))
+                    if fd in watched:
+                        poller.unregister(fd)
+                        os.close(fd)
+                        self._record(watched.pop(fd))
+                    elif links is not None and fd == links.listener.fileno():
+                        accepted = links.accept()
+                        if accepted is not None:
+                            poller.register(accepted, select.POLLIN)
+                    elif links is not None and fd in links.links:
+                        ended = links.read(fd)  # closes the link when it ended
+                        if ended is not None:
+                            poller.unregister(fd)
+                            if ended.rank is not None:
+                                self._record(ended.rank, ended.said)
         finally:
             for fd in watched:
                 os.close(fd)
+            if links is not None:
+                links.close(self.leaving)
             os.close(self.wake_read)
 
-    def _record(self, rank: int) -> None:
-        """Record and log that ``rank`` ended, once, on whichever thread sees it first."""
+    def _watch(
+        self, rank: int, peer: Identity, poller: select.poll, watched: dict[int, int]
+    ) -> None:
+        """Start watching ``rank``: a pidfd (put in ``watched``), a link, or neither.
+
+        A peer on this machine gets a pidfd; one on another machine a link, dialled by the
+        lower rank of the pair (the higher accepts it) when :func:`linked` pairs them.
+        """
+        if not _peers.same_machine(peer):
+            self.remote[rank] = peer
+            if self.links is None or rank < self.me or not linked(self.me, rank, self.world):
+                return
+            link = self.links.dial(rank, peer)
+            if link is None:
+                _log.warning(
+                    "distcompat: no link to rank %d (port %d on %s): its end is known from the "
+                    "backend's error or the watchdog only",
+                    rank, peer.port, ", ".join(peer.addrs),
+                )  # fmt: skip
+                return
+            poller.register(link, select.POLLIN)
+            return
+        self.peers[rank] = peer
+        fd = _open(peer)
+        if fd is None:  # already gone, or its pid names another process now
+            self._record(rank)
+            return
+        watched[fd] = rank
+        poller.register(fd, select.POLLIN)
+
+    def _record(self, rank: int, said: str = "", told: Lost | None = None) -> None:
+        """Record and log that ``rank`` ended, once, on whichever thread sees it first.
+
+        ``said``: its farewell as its link carried it ("": ask the store); ``told``: the loss
+        as another rank's watch posted it (``_peer_relay``).
+        """
         with self.told:
             if rank in self.claimed:
                 self.told.wait_for(lambda: rank not in self.telling, 1.0)
@@ -106,14 +171,20 @@ class _Watch:
         try:
             if not dist.is_initialized():  # the group was destroyed (torch's own call): no loss
                 return
-            said = _peers.farewell(rank)
+            if told is not None:
+                said = told.farewell
+            elif not said:
+                said = _peers.farewell(rank)
             if said == LEFT:  # it destroyed its group, or its script ended: not a loss
                 _log.debug("distcompat: rank %d left", rank)
                 return
-            peer = self.peers[rank]
-            found = Lost(rank, peer.pid, peer.host, seen, said)
+            peer = self.peers.get(rank) or self.remote.get(rank) or told
+            pid, host = (peer.pid, peer.host) if peer is not None else (0, "?")
+            found = Lost(rank, pid, host, seen, said)
             self.seen[rank] = found
             _log.error("distcompat: %s (seen at %.3f)", found.describe(), seen)
+            if self.relay and told is None:
+                _peer_relay.post(found)
         finally:
             with self.told:
                 self.telling.discard(rank)
@@ -161,24 +232,37 @@ def supported() -> bool:
 
 
 def start(me: int, world: int) -> None:
-    """Watch this machine's peers of the default group (``world`` ranks, this one ``me``).
+    """Publish this rank's identity and watch its peers (``world`` ranks, this one ``me``).
 
-    Replaces the watch of an earlier group. Example:
+    The identity carries the port where peers on other machines link to this one. Replaces the
+    watch of an earlier group. Example:
         >>> start(0, 1)   # no peers: nothing to watch
     """
-    global _watch
+    global _watch, _exit_hooked
     stop()
     if not supported() or world < 2:
+        _peers.publish(me)
         return
-    _watch = _Watch(me, world)
+    try:
+        links: Links | None = Links(me, world)
+    except OSError as exc:
+        _log.warning("distcompat: peers on other machines are not watched: no listener (%s)", exc)
+        links = None
+    _peers.publish(me, port=links.port if links is not None else 0)
+    _watch = _Watch(me, world, links)
     _watch.thread.start()
     _peers.watcher = _watch
+    if not _exit_hooked:
+        atexit.register(_at_exit)
+        _exit_hooked = True
 
 
 def stop() -> None:
     """End the watch (the group is destroyed); its losses are forgotten.
 
-    Example:
+    Peers linked from other machines are told this rank's farewell (``_peers.own_farewell``:
+    the exception that is ending this process, else "left"), so that they do not take its
+    sockets closing for a loss, or name what ended it. Example:
         >>> stop()
     """
     global _watch
@@ -186,9 +270,18 @@ def stop() -> None:
     if watch is None:
         return
     _peers.watcher = None
+    watch.leaving = _peers.own_farewell() or LEFT
     watch.stopped = True
     with contextlib.suppress(OSError):
         os.write(watch.wake_write, b"x")
     watch.thread.join(1.0)
     with contextlib.suppress(OSError):
         os.close(watch.wake_write)
+
+
+_exit_hooked = False
+
+
+def _at_exit() -> None:
+    """At interpreter exit (the group not destroyed), tell the linked peers why, and close."""
+    stop()

@@ -6,7 +6,10 @@ rank; in a larger group distcompat finds it from identities every rank published
 was set up (:func:`publish`, called by ``init_distributed``)::
 
     {"host": "node3", "machine": "<boot id>/<pid namespace>", "pid": 4121, "start": 88213,
-     "addrs": ["10.0.0.3", ...]}
+     "addrs": ["10.0.0.3", ...], "port": 41823}
+
+(``port``: where its peer watch listens for links from other machines, ``_peer_links``; 0 or
+absent in an identity written without one.)
 
 When a peer is lost, :func:`lost_peers` reads the group's identities back from the store and
 
@@ -52,7 +55,9 @@ __all__ = [
     "is_alive",
     "leave_farewell",
     "lost_peers",
+    "own_farewell",
     "publish",
+    "quick_store",
     "same_machine",
     "stopped_peers",
     "watcher",
@@ -76,10 +81,11 @@ class Identity:
     pid: int
     start: int  # process start time in clock ticks since boot (guards against pid reuse)
     addrs: tuple[str, ...]
+    port: int = 0  # where its peer watch takes links from other machines (0: it takes none)
 
     @classmethod
     def here(cls) -> Identity:
-        """Return this process's identity."""
+        """Return this process's identity (no link listener: ``publish`` adds its port)."""
         pid = os.getpid()
         return cls(socket.gethostname(), _machine(), pid, _stat(pid)[1], _addresses())
 
@@ -91,7 +97,8 @@ class Identity:
     def from_json(cls, text: str | bytes) -> Identity:
         """Read an identity written by :meth:`to_json`."""
         data = json.loads(text)
-        return cls(**{**data, "addrs": tuple(data["addrs"])})
+        known = {field.name for field in dataclasses.fields(cls)} - {"addrs"}  # a newer writer's
+        return cls(**{k: v for k, v in data.items() if k in known}, addrs=tuple(data["addrs"]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,10 +191,11 @@ def _store() -> Any:
         return None
 
 
-def publish(rank: int | None = None) -> None:
+def publish(rank: int | None = None, *, port: int = 0) -> None:
     """Write this process's :class:`Identity` to the default group's store (no collective).
 
-    ``init_distributed`` calls it, so a lost peer can be named in groups of any size.
+    ``init_distributed`` calls it, so a lost peer can be named in groups of any size; ``port``
+    is where its peer watch takes links from other machines (``_peer_watch.start``).
 
     Example:
         >>> publish()   # no process group: nothing to write to
@@ -197,7 +205,8 @@ def publish(rank: int | None = None) -> None:
         return
     rank = dist.get_rank() if rank is None else rank
     with contextlib.suppress(RuntimeError, ValueError):
-        store.set(_KEY.format(rank), Identity.here().to_json())
+        identity = dataclasses.replace(Identity.here(), port=port)
+        store.set(_KEY.format(rank), identity.to_json())
 
 
 #: Each group's identities once every other member's was read: they never change, and a wait
@@ -212,6 +221,17 @@ def _asked(store: Any) -> QuickStore:
     if _quick is None or _quick[0] is not store:
         _quick = (store, QuickStore(store))
     return _quick[1]
+
+
+def quick_store() -> QuickStore | None:
+    """Return the default group's store asked through a :class:`QuickStore`, or None.
+
+    Example:
+        >>> quick_store() is None   # no process group
+        True
+    """
+    store = _store()
+    return None if store is None else _asked(store)
 
 
 def identities_of(ranks: set[int]) -> dict[int, Identity]:
@@ -252,7 +272,7 @@ def leave_farewell(exc: BaseException | None) -> None:
     Example:
         >>> leave_farewell(ValueError("bad batch"))   # no process group: nothing to write to
     """
-    global _farewell_left
+    global _farewell_left, _said
     store = _store()
     if store is None or (exc is None and _farewell_left):
         return
@@ -271,11 +291,23 @@ def leave_farewell(exc: BaseException | None) -> None:
             text = text[: _FAREWELL_CHARS - 3] + "..."
         text += where
         _farewell_left = True
+    _said = text
     with contextlib.suppress(StoreUnreachable, RuntimeError, ValueError):
         _asked(store).set(_FAREWELL.format(dist.get_rank()), text)
 
 
 _farewell_left = False  # an exception's farewell was written: a later "left" must not replace it
+_said = ""  # the farewell this process wrote last
+
+
+def own_farewell() -> str:
+    """Return the farewell this process wrote (:func:`leave_farewell`), or "" before any.
+
+    Example:
+        >>> own_farewell()
+        ''
+    """
+    return _said
 
 
 def farewell(rank: int) -> str:

@@ -37,18 +37,17 @@ class DistInitError(RuntimeError):
 
 
 def _publish_identity() -> None:
-    """Publish this rank's identity (a lost peer can be named) and watch this machine's peers.
+    """Publish this rank's identity (a lost peer can be named) and watch its peers.
 
-    A peer on this machine that ends is then named at once (``collectives._peer_watch``).
+    A peer that ends is then named at once (``collectives._peer_watch``), on this machine or
+    another.
     """
     # Imported by the first group, not with this module: any collectives module brings the whole
     # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
     # pay for (issue 28); a program that makes a group goes on to use it.
     from distcompat.collectives import _peer_watch
-    from distcompat.collectives._peers import publish
 
-    publish()
-    _peer_watch.start(dist.get_rank(), dist.get_world_size())
+    _peer_watch.start(dist.get_rank(), dist.get_world_size())  # publishes the identity too
 
 
 def _protected_backend() -> str:

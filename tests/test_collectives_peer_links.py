@@ -1,0 +1,194 @@
+"""A peer on another machine that ends is named within a second (``collectives._peer_links``).
+
+Two "machines" on this one (``_two_hosts``): each rank in its own network namespace and its
+own pid namespace, so its identity's machine (boot id + pid namespace) differs from the other's
+and no pidfd can watch it: only the TCP link can. What is simulated: the shared kernel and boot
+id (the pid namespace stands for "another boot"). Real processes, every default on, torchrun's
+environment contract (rank 0 hosts the store on its node, as under ``torchrun --nnodes=2``).
+Needs root and ``ip`` / ``unshare``; skipped without them. The pure parts (:func:`linked`, the
+line protocol) are tested without processes at the end, two ``Links`` in this process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from _two_hosts import Ran, TwoNodes, needs_namespaces, run_pair
+from distcompat.collectives._peer_links import Ended, Links, all_linked, linked
+from distcompat.collectives._peers import LEFT, Identity
+from distcompat.testing import run_on_ranks
+
+SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
+SEEN = re.compile(
+    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
+)
+
+
+Job = tuple[list[Ran], Path]  # each rank's outcome, and the job's directory
+
+
+@pytest.fixture(scope="module")
+def two_hosts(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, Job]]:
+    """The ``loop`` (rank 1 SIGKILLed), ``leave`` (rank 1 destroys) and ``raise`` jobs, at once."""
+    needs_namespaces()
+    with TwoNodes.create() as nodes, ThreadPoolExecutor(3) as pool:
+        # the namespaces are this test's own: nothing else listens on these ports there
+        jobs = {
+            scenario: (pool.submit(run_pair, nodes, SCRIPT, (scenario, str(path)), port), path)
+            for scenario, port in (("loop", 29511), ("leave", 29512), ("raise", 29513))
+            for path in (tmp_path_factory.mktemp(scenario),)
+        }
+        yield {scenario: (job.result(), directory) for scenario, (job, directory) in jobs.items()}
+
+
+@pytest.mark.slow
+def test_a_peer_killed_on_another_machine_is_named_within_a_second(
+    two_hosts: dict[str, Job],
+) -> None:
+    ranks, directory = two_hosts["loop"]
+    assert ranks[1].returncode == -9 or ranks[1].returncode == 137, ranks[1].stderr[-3000:]
+    assert ranks[0].returncode == 3, ranks[0].stderr[-3000:]
+    match = SEEN.search(ranks[0].stderr)
+    assert match, ranks[0].stderr[-3000:]
+    assert match.group(1) == "ended"  # a SIGKILLed rank leaves no farewell
+    after = float(match.group(2)) - float((directory / "killed").read_text())
+    assert 0 <= after < 1.0, f"rank 0 named rank 1 {after:.3f} s after its kill"
+    assert "rank 0: raised PeerLostError" in ranks[0].stdout, ranks[0].stdout
+
+
+@pytest.mark.slow
+def test_a_peer_on_another_machine_that_destroys_its_group_is_not_reported(
+    two_hosts: dict[str, Job],
+) -> None:
+    ranks, _ = two_hosts["leave"]
+    assert [r.returncode for r in ranks] == [0, 0], ranks[0].stderr[-3000:]
+    assert "rank 0: left" in ranks[0].stdout
+    assert "distcompat: rank 1" not in ranks[0].stderr
+    assert "no link to rank" not in ranks[0].stderr + ranks[1].stderr
+
+
+@pytest.mark.slow
+def test_the_exception_that_ended_a_peer_on_another_machine_is_told(
+    two_hosts: dict[str, Job],
+) -> None:
+    ranks, _ = two_hosts["raise"]
+    assert ranks[1].returncode == 1, ranks[1].stderr[-3000:]
+    assert ranks[0].returncode == 3, ranks[0].stderr[-3000:]
+    match = SEEN.search(ranks[0].stderr)
+    assert match, ranks[0].stderr[-3000:]
+    assert re.fullmatch(r"exited after ValueError: bad batch 7 at _peer_watch_script.py:\d+",
+                        match.group(1))  # fmt: skip
+    assert "raised PeerLostError" in ranks[0].stdout, ranks[0].stdout
+
+
+def _relayed() -> list[tuple[int, str]]:
+    """Rank 0 posts two losses; every rank reads them back, then nothing more."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import _peer_relay
+    from distcompat.collectives._peers import Lost
+
+    if dist.get_rank() == 0:
+        _peer_relay.post(Lost(5, 11, "node5", 0.0, ""))
+        _peer_relay.post(Lost(6, 12, "node6", 0.0, "KeyError: 'x' at a.py:3"))
+    dist.barrier()
+    count, found = _peer_relay.read_since(0, seen=1.0)
+    assert _peer_relay.read_since(count) == (count, [])
+    return [(lost.rank, lost.describe()) for lost in found if lost.seen == 1.0]
+
+
+def test_a_loss_posted_by_one_watch_is_read_by_every_rank() -> None:
+    """The relay of worlds too large to link every pair (its store keys; run_on_ranks)."""
+    for found in run_on_ranks(_relayed, 2):
+        assert found[-2:] == [
+            (5, "rank 5 (pid 11 on node5) ended"),
+            (6, "rank 6 (pid 12 on node6) exited after KeyError: 'x' at a.py:3"),
+        ]
+
+
+# --- without processes: which pairs link, and what a link says --------------------------------
+
+
+def test_every_pair_links_in_a_small_world_and_ring_neighbours_in_a_large_one() -> None:
+    assert all(linked(a, b, 65) for a in range(65) for b in range(65) if a != b)
+    assert all_linked(65)
+    assert not all_linked(66)
+    degree = [sum(linked(a, b, 1000) for b in range(1000)) for a in range(1000)]
+    assert set(degree) == {64}
+    assert all(
+        linked(a, b, 1000) == linked(b, a, 1000) for a in range(0, 1000, 7) for b in (0, 999)
+    )
+
+
+def _identity(pid: int, port: int) -> Identity:
+    """A peer "elsewhere" that listens at ``port`` on this machine's addresses."""
+    return Identity("other", "elsewhere", pid, 0, ("127.0.0.1", *Identity.here().addrs), port)
+
+
+def _serve_one(links: Links) -> int | None:
+    """Accept one link and read its hello (which answers it); return its fd."""
+    if not select.select([links.listener], [], [], 5)[0]:
+        return None
+    fd = links.accept()
+    if fd is not None and select.select([fd], [], [], 5)[0]:
+        assert links.read(fd) is None  # the hello, answered
+    return fd
+
+
+def _ended(links: Links, fd: int) -> Ended | None:
+    """Read link ``fd`` until it ends (5 s at most)."""
+    while select.select([fd], [], [], 5)[0]:
+        ended = links.read(fd)
+        if ended is not None:
+            return ended
+    return None
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Links, Links]]:
+    if not [a for a in Identity.here().addrs if not a.startswith("127.")]:
+        pytest.skip("no address but loopback (a link never dials loopback)")
+    low, high = Links(0, 2), Links(1, 2)
+    yield low, high
+    low.close(LEFT)
+    high.close(LEFT)
+
+
+def test_a_link_carries_the_farewell_and_then_its_end(pair: tuple[Links, Links]) -> None:
+    low, high = pair
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(_serve_one, high)
+        assert low.dial(1, _identity(os.getpid(), high.port)) is not None
+        accepted = served.result()
+    assert accepted is not None
+    low.close("ValueError: bad batch 7 at train.py:3")
+    assert _ended(high, accepted) == Ended(0, "ValueError: bad batch 7 at train.py:3")
+
+
+def test_a_link_whose_peer_says_nothing_ends_with_nothing_said(pair: tuple[Links, Links]) -> None:
+    low, high = pair
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(_serve_one, high)
+        dialled = low.dial(1, _identity(os.getpid(), high.port))
+        accepted = served.result()
+    assert dialled is not None
+    assert accepted is not None
+    low.links.pop(dialled).sock.close()  # as a SIGKILL does: no bye, the kernel closes it
+    assert _ended(high, accepted) == Ended(0, "")
+
+
+def test_a_dial_answered_by_another_process_is_refused(pair: tuple[Links, Links]) -> None:
+    low, high = pair
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(_serve_one, high)
+        assert low.dial(1, _identity(os.getpid() + 1, high.port)) is None  # not that pid
+        served.result()
+    assert low.links == {}
