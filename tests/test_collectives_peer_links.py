@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -134,12 +135,15 @@ def _identity(pid: int, port: int) -> Identity:
 
 
 def _serve_one(links: Links) -> int | None:
-    """Accept one link and read its hello (which answers it); return its fd."""
+    """Accept one link and read its hello (which answers it); return its fd (None: refused)."""
     if not select.select([links.listener], [], [], 5)[0]:
         return None
     fd = links.accept()
     if fd is not None and select.select([fd], [], [], 5)[0]:
-        assert links.read(fd) is None  # the hello, answered
+        heard = links.read(fd)  # None: the hello, answered
+        if heard is not None:  # a stranger, dropped: no rank, so no loss to record
+            assert heard == Ended(None, "")
+            return None
     return fd
 
 
@@ -185,10 +189,41 @@ def test_a_link_whose_peer_says_nothing_ends_with_nothing_said(pair: tuple[Links
     assert _ended(high, accepted) == Ended(0, "")
 
 
-def test_a_dial_answered_by_another_process_is_refused(pair: tuple[Links, Links]) -> None:
+def test_a_link_meant_for_another_process_is_refused_on_both_sides(
+    pair: tuple[Links, Links],
+) -> None:
+    """The dialler means pid + 1 (another job's rank at a reused address): the listener drops
+    it without naming a rank (its end is no loss), and the dialler refuses the answer."""
     low, high = pair
     with ThreadPoolExecutor(1) as pool:
         served = pool.submit(_serve_one, high)
         assert low.dial(1, _identity(os.getpid() + 1, high.port)) is None  # not that pid
-        served.result()
+        assert served.result() is None
     assert low.links == {}
+    assert high.links == {}
+
+
+def test_a_stranger_that_connects_is_dropped_without_a_loss(pair: tuple[Links, Links]) -> None:
+    """A port scan, or a line that is not a link's: dropped, never read as a rank that ended."""
+    _, high = pair
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(_serve_one, high)
+        with socket.create_connection(("127.0.0.1", high.port), timeout=5) as stranger:
+            stranger.sendall(b"distcompat-link 0 1\n")  # the old form: who, not whom
+        assert served.result() is None
+    assert high.links == {}
+
+
+def _published_ports() -> list[int]:
+    import torch.distributed as dist
+
+    from distcompat.collectives import _peers
+
+    return [who.port for who in _peers.identities_of(set(range(dist.get_world_size()))).values()]
+
+
+def test_a_job_on_one_machine_opens_no_port() -> None:
+    """``run_on_ranks`` launches as torchrun on one node does (LOCAL_WORLD_SIZE = WORLD_SIZE): no
+    rank listens for links, so no port is open to the network."""
+    for ports in run_on_ranks(_published_ports, 2):
+        assert ports == [0, 0]

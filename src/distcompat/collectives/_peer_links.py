@@ -13,9 +13,11 @@ end reads end-of-file or a reset a network round trip later::
 Nothing is sent while the ranks run: a link costs one socket on each side and no traffic.
 A rank that ends on purpose says so before its sockets close (``bye <farewell>``: "left", or
 the exception that ended it, ``_peers.own_farewell``), so its peers need not ask a store that
-may have ended with it. The dialler checks that the process that answers is the rank it meant
-(its rank and pid), so an address that another machine also holds (a ``docker0`` bridge) is
-never taken for the peer.
+may have ended with it. Both sides check whom they talk to: the dialler's first line names
+itself and the rank and pid it means to reach, and the process that answers names itself, so
+neither an address that another machine also holds (a ``docker0`` bridge) nor a connection
+meant for another job's rank (or a port scan) is ever taken for a peer, whose end would read as
+a loss.
 
 Which pairs are linked is :func:`linked`: ranks on different machines within :data:`REACH` of
 each other around the ring of ranks, so a process holds at most ``2 * REACH`` links; every pair
@@ -96,6 +98,7 @@ class Links:
     def __init__(self, me: int, world: int) -> None:
         self.me, self.world = me, world
         here = Identity.here()
+        self.pid = here.pid
         self.hello = _line(f"{_HELLO} {me} {here.pid}")
         self.own = frozenset(here.addrs)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -124,7 +127,7 @@ class Links:
             except OSError:
                 continue
             try:
-                sock.sendall(self.hello)
+                sock.sendall(_line(f"{_HELLO} {self.me} {self.pid} {rank} {peer.pid}"))
                 answer = _read_line(sock)
             except OSError:
                 answer = b""
@@ -174,11 +177,11 @@ class Links:
         line, _, rest = link.pending.partition(b"\n")
         link.pending = bytearray(rest)
         text = line.decode(errors="replace")
-        if link.rank is None:  # an accepted link's first line: who dialled
+        if link.rank is None:  # an accepted link's first line: who dialled, and whom it means
             words = text.split()
-            if len(words) == 3 and words[0] == _HELLO and words[1].isdigit():
-                rank = int(words[1])
-                if rank != self.me and rank < self.world:
+            if len(words) == 5 and words[0] == _HELLO and all(w.isdigit() for w in words[1:]):
+                rank, meant, meant_pid = int(words[1]), int(words[3]), int(words[4])
+                if rank < self.me and (meant, meant_pid) == (self.me, self.pid):
                     link.rank = rank
                     with contextlib.suppress(OSError):
                         link.sock.send(self.hello)  # a few bytes into an empty buffer

@@ -231,10 +231,11 @@ def supported() -> bool:
     return hasattr(os, "pidfd_open") and hasattr(select, "poll")
 
 
-def start(me: int, world: int) -> None:
+def start(me: int, world: int, *, links: bool = True) -> None:
     """Publish this rank's identity and watch its peers (``world`` ranks, this one ``me``).
 
-    The identity carries the port where peers on other machines link to this one. Replaces the
+    The identity carries the port where peers on other machines link to this one; ``links``
+    False (the launcher says every rank runs on this machine) opens no port. Replaces the
     watch of an earlier group. Example:
         >>> start(0, 1)   # no peers: nothing to watch
     """
@@ -243,13 +244,16 @@ def start(me: int, world: int) -> None:
     if not supported() or world < 2:
         _peers.publish(me)
         return
-    try:
-        links: Links | None = Links(me, world)
-    except OSError as exc:
-        _log.warning("distcompat: peers on other machines are not watched: no listener (%s)", exc)
-        links = None
-    _peers.publish(me, port=links.port if links is not None else 0)
-    _watch = _Watch(me, world, links)
+    listening: Links | None = None
+    if links:
+        try:
+            listening = Links(me, world)
+        except OSError as exc:
+            _log.warning(
+                "distcompat: peers on other machines are not watched: no listener (%s)", exc
+            )
+    _peers.publish(me, port=listening.port if listening is not None else 0)
+    _watch = _Watch(me, world, listening)
     _watch.thread.start()
     _peers.watcher = _watch
     if not _exit_hooked:

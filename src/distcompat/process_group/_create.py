@@ -36,18 +36,21 @@ class DistInitError(RuntimeError):
     """The process group cannot be created from what the launcher environment says."""
 
 
-def _publish_identity() -> None:
+def _publish_identity(launch: LaunchEnv) -> None:
     """Publish this rank's identity (a lost peer can be named) and watch its peers.
 
     A peer that ends is then named at once (``collectives._peer_watch``), on this machine or
-    another.
+    another. Links to other machines listen on a port only where the launcher does not say that
+    every rank runs here (its local world is the whole world).
     """
     # Imported by the first group, not with this module: any collectives module brings the whole
     # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
     # pay for (issue 28); a program that makes a group goes on to use it.
     from distcompat.collectives import _peer_watch
 
-    _peer_watch.start(dist.get_rank(), dist.get_world_size())  # publishes the identity too
+    world = dist.get_world_size()
+    one_machine = launch.is_distributed and launch.local_world_size == world
+    _peer_watch.start(dist.get_rank(), world, links=not one_machine)  # publishes the identity
 
 
 def _protected_backend() -> str:
@@ -130,7 +133,7 @@ def adopt_group(
     chosen = resolve_device(device, local_rank=local_rank, env=launch, host=probe_host())
     _bind(chosen)
     _keep_default_store(rank)
-    _publish_identity()
+    _publish_identity(launch)
     if made_by is not None:  # torch made it with the timeout distcompat chose
         waited = choose_timeout(timeout)
         group_timeout, timeout_reason = waited.timeout, waited.reason
@@ -244,7 +247,7 @@ def create_group(
             timeout=waited.timeout,
             device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
         )
-    _publish_identity()  # so a lost peer can be named in groups larger than two
+    _publish_identity(launch)  # so a lost peer can be named in groups larger than two
     return DistInfo(
         rank=launch.rank,
         local_rank=launch.local_rank,
