@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
+
+from _self_on_ranks import run_self
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,15 +74,7 @@ def main() -> None:
     if args.rank:
         _rank(args.pairs, args.calls)
         return
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _rank_processes import run_ranks
-
-    ended = run_ranks(Path(__file__), 2, args=("--rank", f"--pairs={args.pairs}",
-                                                f"--calls={args.calls}"), timeout=1800)  # fmt: skip
-    for one in ended:
-        if one.returncode != 0:
-            sys.exit(one.stderr[-3000:])
-    print(ended[0].stdout, end="")
+    run_self(__file__, 2, ("--rank", f"--pairs={args.pairs}", f"--calls={args.calls}"))
 
 
 if __name__ == "__main__":

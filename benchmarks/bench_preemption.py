@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _self_on_ranks import run_self
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,15 +79,7 @@ def main() -> None:
     if args.rank:
         _rank(args.steps, args.calls)
         return
-    sys.path.insert(0, str(ROOT / "tests"))
-    from _rank_processes import run_ranks
-
-    ended = run_ranks(Path(__file__), 2, args=("--rank", f"--steps={args.steps}",
-                                                f"--calls={args.calls}"), timeout=1800)  # fmt: skip
-    for one in ended:
-        if one.returncode != 0:
-            sys.exit(one.stderr[-3000:])
-    print(ended[0].stdout, end="")
+    run_self(__file__, 2, ("--rank", f"--steps={args.steps}", f"--calls={args.calls}"))
 
 
 if __name__ == "__main__":

@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 import distcompat
-from _resume_script import Counted, train_on  # the same run, with a Preemption
-from distcompat.checkpoint import resume, save_checkpoint, training_state
-from distcompat.data import ShardedSampler
+from _resume_script import start_run, train_on  # the same run, with a Preemption
+from distcompat.checkpoint import save_checkpoint, training_state
 from distcompat.preemption import Preemption
 
 
@@ -66,11 +65,7 @@ def main() -> int:
     args = parser.parse_args()
     term_rank, term_step = (int(v) for v in args.term.split("@")) if args.term else (-1, -1)
 
-    info = distcompat.init_distributed(device="cpu", timeout=30)
-    model = Counted(args.samples)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sampler = ShardedSampler(range(args.samples), shuffle=True, seed=7, mode="drop")
-    resumed = resume(args.ckpt, model=model, optimizer=optimizer, loader=sampler)
+    info, model, optimizer, sampler, resumed = start_run(args.ckpt, args.samples)
     preemption = Preemption(grace_s=args.grace)
     step = resumed.step
     for index in iter(sampler):

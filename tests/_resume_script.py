@@ -51,6 +51,16 @@ class _KillWhilePickled:
         raise AssertionError("unreachable")
 
 
+def start_run(ckpt: Path, samples: int) -> tuple[Any, Counted, Any, ShardedSampler, Any]:
+    """Init, the model, its optimizer and sampler, resumed from ``ckpt`` (shared, as train_on)."""
+    info = distcompat.init_distributed(device="cpu", timeout=30)
+    model = Counted(samples)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sampler = ShardedSampler(range(samples), shuffle=True, seed=7, mode="drop")
+    resumed = resume(ckpt, model=model, optimizer=optimizer, loader=sampler)
+    return info, model, optimizer, sampler, resumed
+
+
 def train_on(model: Counted, optimizer: torch.optim.Optimizer, index: int, world: int) -> None:
     """One step on sample ``index``: the all-reduced gradient, and the count of what was seen.
 
@@ -82,11 +92,7 @@ def main() -> int:
     args = parser.parse_args()
     kill_rank, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
 
-    info = distcompat.init_distributed(device="cpu", timeout=30)
-    model = Counted(args.samples)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sampler = ShardedSampler(range(args.samples), shuffle=True, seed=7, mode="drop")
-    resumed = resume(args.ckpt, model=model, optimizer=optimizer, loader=sampler)
+    info, model, optimizer, sampler, resumed = start_run(args.ckpt, args.samples)
     indices = iter(sampler)
     step = resumed.step
     for index in indices:  # the rest of epoch 0, re-sharded over this world size
