@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -152,12 +153,21 @@ def test_without_a_group_a_signal_is_a_stop_at_the_next_step() -> None:
         preemption.exit(report)
     assert ended.value.code == TERM
     assert signal.getsignal(signal.SIGTERM) == before
+    assert _stop_threads() == []
 
 
-def test_every_agrees_only_every_nth_call() -> None:
+def _stop_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "distcompat-stop"]
+
+
+def test_every_agrees_only_every_nth_call_and_close_ends_the_deadline() -> None:
+    """A stop agreed but never carried out: ``close`` ends its deadline thread, which would
+    otherwise end this process (pytest's) 28 s later."""
     with Preemption(every=3) as preemption:
         os.kill(os.getpid(), signal.SIGUSR1)
+        assert _stop_threads() == ["distcompat-stop"]  # the deadline runs from the signal
         assert [preemption.should_stop(s) for s in (1, 2, 3)] == [False, False, True]
+    assert _stop_threads() == []
 
 
 @pytest.mark.parametrize(

@@ -112,6 +112,8 @@ class _Deadline:
 
     def cancel(self) -> None:
         self._cancelled.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()  # it returns at once: nothing of it is left running
 
 
 class Preemption:
@@ -283,9 +285,13 @@ class Preemption:
         raise SystemExit(report.plan.exit_code)
 
     def close(self) -> None:
-        """Put back the signal handlers found at creation; cancel a pending deadline."""
+        """Put back the signal handlers found at creation; cancel the deadline, if one runs.
+
+        After ``close`` nothing of this object acts on the process any more: a stop agreed but
+        never carried out no longer ends it at the deadline.
+        """
         self._catcher.close()
-        if self._deadline is not None and self._agreed is None:
+        if self._deadline is not None:
             self._deadline.cancel()
 
     def __enter__(self) -> Preemption:
