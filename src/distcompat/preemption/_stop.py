@@ -169,13 +169,14 @@ class Preemption:
 
     def _arm(self, first: Caught) -> None:
         """Start the deadline at ``first`` (the earliest signal this rank knows of)."""
-        if self._deadline is not None and self._deadline.until <= first.wall + self.grace_s:
-            return
+        until = first.wall + self.grace_s - EXIT_MARGIN_S
         if self._deadline is not None:
+            if self._deadline.until <= until:
+                return  # an earlier signal already set it
             self._deadline.cancel()
         code = self._plan(first.signum).exit_code
         self._deadline = _Deadline(
-            first.wall + self.grace_s - EXIT_MARGIN_S,
+            until,
             code,
             f"the stop after {first.name} did not end within the grace period "
             f"({self.grace_s:g} s less {EXIT_MARGIN_S:g} s for the exit)",
