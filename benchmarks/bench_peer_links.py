@@ -30,11 +30,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "tests"))
-    from _two_hosts import TwoNodes, run_pair
+    from _two_hosts import run_pair, two_nodes
 
     script = ROOT / "tests" / "_peer_watch_script.py"
     took: list[float] = []
-    with TwoNodes.create() as nodes:
+    with two_nodes() as nodes:
         for run in range(args.runs):
             with tempfile.TemporaryDirectory() as directory:
                 ranks = run_pair(nodes, script, ("loop", directory), 29520 + run)

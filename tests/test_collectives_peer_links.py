@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _two_hosts import Ran, TwoNodes, needs_namespaces, run_pair
+from _two_hosts import Ran, needs_namespaces, run_pair, two_nodes
 from distcompat.collectives._peer_links import Ended, Links, all_linked, linked
 from distcompat.collectives._peers import LEFT, Identity
 from distcompat.testing import run_on_ranks
@@ -41,7 +41,7 @@ def two_hosts(
 ) -> Iterator[dict[str, Job]]:
     """The ``loop`` (rank 1 SIGKILLed), ``leave`` (rank 1 destroys) and ``raise`` jobs, at once."""
     needs_namespaces()
-    with TwoNodes.create() as nodes, ThreadPoolExecutor(3) as pool:
+    with two_nodes() as nodes, ThreadPoolExecutor(3) as pool:
         # the namespaces are this test's own: nothing else listens on these ports there
         jobs = {
             scenario: (pool.submit(run_pair, nodes, SCRIPT, (scenario, str(path)), port), path)
