@@ -16,7 +16,6 @@ the step it resumed from.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -28,23 +27,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import distcompat
-from _resume_script import start_run, train_on  # the same run, with a Preemption
+from _resume_script import (  # the same run, with a Preemption
+    Pickled,
+    start_run,
+    train_on,
+    write_result,
+)
 from distcompat.checkpoint import save_checkpoint, training_state
 from distcompat.preemption import Preemption
-
-
-class _Pickled:
-    """Pickling it (inside the save's ``torch.save``) runs ``action``: a signal mid-save."""
-
-    def __init__(self, action: Any) -> None:
-        self.action = action
-
-    def __reduce__(self) -> Any:
-        self.action()
-        return (dict, ())
 
 
 def _term() -> None:
@@ -81,11 +72,11 @@ def main() -> int:
             time.sleep(0.03)  # the timer's signal lands before the step ends
         saved = step % args.every == 0
         if saved:
-            extra = {"signal": _Pickled(_term)} if told_here and args.term_in == "save" else {}
+            extra = {"signal": Pickled(_term)} if told_here and args.term_in == "save" else {}
             state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=extra)
             save_checkpoint(args.ckpt, step, state, keep_last=2)
         if preemption.should_stop(step):
-            slow = {"slow": _Pickled(lambda: time.sleep(60))} if info.rank == args.slow_save else {}
+            slow = {"slow": Pickled(lambda: time.sleep(60))} if info.rank == args.slow_save else {}
 
             def save(step: int = step, slow: dict[str, Any] = slow) -> None:
                 state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=slow)
@@ -97,14 +88,7 @@ def main() -> int:
             preemption.exit(report)
     preemption.close()
     if info.rank == 0:
-        digest = hashlib.sha256(bytes(model.weight.detach().view(torch.uint8).tolist()))
-        result = {
-            "seen": model.seen.tolist(),
-            "sha256": digest.hexdigest(),
-            "resumed_step": resumed.step,
-            "last_step": step,
-        }
-        args.result.write_text(json.dumps(result), encoding="utf-8")
+        write_result(args.result, model, resumed, step, info.world_size)
     distcompat.destroy_distributed()
     return 0
 

@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,34 @@ class Counted(torch.nn.Module):
         self.register_buffer("seen", torch.zeros(samples, dtype=torch.int64))
 
 
-class _KillWhilePickled:
-    """Pickling it (inside ``torch.save``) kills this process: a SIGKILL in the middle of a save."""
+class Pickled:
+    """Pickling it (inside a save's ``torch.save``) runs ``action``: a signal in the middle of a
+    save (shared with ``_preempt_script.py``)."""
+
+    def __init__(self, action: Callable[[], object]) -> None:
+        self.action = action
 
     def __reduce__(self) -> Any:
-        os.kill(os.getpid(), signal.SIGKILL)
-        raise AssertionError("unreachable")
+        self.action()
+        return (dict, ())
+
+
+def _kill() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_result(path: Path, model: Counted, resumed: Any, step: int, world: int) -> None:
+    """Write a finished run's counts, parameters' SHA-256 and steps to ``path`` (rank 0)."""
+    digest = hashlib.sha256(bytes(model.weight.detach().view(torch.uint8).tolist()))
+    result = {
+        "seen": model.seen.tolist(),
+        "sha256": digest.hexdigest(),
+        "resumed_step": resumed.step,
+        "skipped": list(resumed.skipped),
+        "last_step": step,
+        "world_size": world,
+    }
+    path.write_text(json.dumps(result), encoding="utf-8")
 
 
 def start_run(ckpt: Path, samples: int) -> tuple[Any, Counted, Any, ShardedSampler, Any]:
@@ -102,20 +125,11 @@ def main() -> int:
         train_on(model, optimizer, index, info.world_size)
         if step % args.every == 0:
             bomb = info.rank == kill_rank and step == kill_step and args.kill_in == "save"
-            extra = {"bomb": _KillWhilePickled()} if bomb else {}
+            extra = {"bomb": Pickled(_kill)} if bomb else {}
             state = training_state(model=model, optimizer=optimizer, loader=sampler, extra=extra)
             save_checkpoint(args.ckpt, step, state, keep_last=2)
     if info.rank == 0:
-        digest = hashlib.sha256(bytes(model.weight.detach().view(torch.uint8).tolist()))
-        result = {
-            "seen": model.seen.tolist(),
-            "sha256": digest.hexdigest(),
-            "resumed_step": resumed.step,
-            "skipped": list(resumed.skipped),
-            "last_step": step,
-            "world_size": info.world_size,
-        }
-        args.result.write_text(json.dumps(result), encoding="utf-8")
+        write_result(args.result, model, resumed, step, info.world_size)
     distcompat.destroy_distributed()
     return 0
 
