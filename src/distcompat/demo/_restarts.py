@@ -122,13 +122,12 @@ def record_preemption(out: Path, entry: Mapping[str, Any]) -> None:
         >>> preemptions(folder)
         [{'step': 3}]
     """
-    atomic_write_json(out / PREEMPTIONS_FILE, [*preemptions(out), dict(entry)])
+    _append(out / PREEMPTIONS_FILE, entry)
 
 
 def preemptions(out: Path) -> list[dict[str, Any]]:
     """Return the stops recorded in ``out`` (none: an empty list)."""
-    found = _read(out / PREEMPTIONS_FILE)
-    return list(found) if isinstance(found, list) else []
+    return _entries(out / PREEMPTIONS_FILE)
 
 
 def record_restart(out: Path, entry: Mapping[str, Any]) -> None:
@@ -141,8 +140,18 @@ def record_restart(out: Path, entry: Mapping[str, Any]) -> None:
         >>> json.loads((folder / RESTARTS_FILE).read_text())
         [{'attempt': 0}]
     """
-    entries = _read(out / RESTARTS_FILE) or []
-    atomic_write_json(out / RESTARTS_FILE, [*entries, dict(entry)])
+    _append(out / RESTARTS_FILE, entry)
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    """Return the list in JSON file ``path`` (missing, unreadable or not a list: empty)."""
+    found = _read(path)
+    return list(found) if isinstance(found, list) else []
+
+
+def _append(path: Path, entry: Mapping[str, Any]) -> None:
+    """Add ``entry`` to the list in ``path``, written atomically."""
+    atomic_write_json(path, [*_entries(path), dict(entry)])
 
 
 def _read(path: Path) -> Any:
