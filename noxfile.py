@@ -1,13 +1,14 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, comparisons, conformance, lint,
-                             # typing, docs, launchers, build
+    nox                      # the default sessions: tests, comparisons, anysize, conformance,
+                             # lint, typing, docs, launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s conformance       # torch's own distributed tests through distcompat's group
     nox -s comparisons       # the programs compared with plain gloo bit for bit, once
     nox -s soak              # the same, 20 times over (races)
+    nox -s anysize           # runs at world sizes 1-4 and across resizes, bit for bit
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
 
 Every session installs torch first and explicitly: a bare ``torch`` requirement would pull the
@@ -26,7 +27,7 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    "tests", "comparisons", "conformance", "lint", "typing", "docs", "launchers", "build",
+    "tests", "comparisons", "anysize", "conformance", "lint", "typing", "docs", "launchers", "build",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -60,7 +61,7 @@ def tests(session: nox.Session) -> None:
     """The whole test suite on gloo multi-process groups (no GPU needed)."""
     install(session, "tests")
     # -m replaces pyproject's: the plain-gloo comparisons run in their own session
-    session.run("pytest", "-m", "not cuda and not plain_gloo", *session.posargs)
+    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -103,6 +104,16 @@ def comparisons(session: nox.Session) -> None:
     """The programs compared with plain gloo bit for bit, once (about 1.5 minutes on 2 cores)."""
     install(session, "tests")
     session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-p", "no:cacheprovider",
+                *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def anysize(session: nox.Session) -> None:
+    """The tests marked ``anysize``: runs at world sizes 1-4 and across resizes, compared bit for
+    bit (exact mode, FSDP2 resharding through DCP); their own session keeps ``tests`` under 10
+    minutes."""
+    install(session, "tests")
+    session.run("pytest", "tests", "-m", "anysize", "-q", "-p", "no:cacheprovider",
                 *session.posargs)  # fmt: skip
 
 
