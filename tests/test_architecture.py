@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("launch", ("launch",)),
     ("ranks", ("_ranks", "env")),
     ("collectives", ("collectives",)),
-    ("helpers", ("diagnostics", "checkpoint", "data", "join", "attention")),
+    ("helpers", ("diagnostics", "checkpoint", "data", "join", "attention", "anysize")),
     ("logging", ("rank_logging",)),
     ("lifecycle", ("process_group",)),
     ("entry points", ("runtime", "testing", "distributed", "preemption")),

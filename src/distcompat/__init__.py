@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from distcompat._version import __version__
 
 if TYPE_CHECKING:  # type checkers, IDEs and the docs see every name; Python imports it on first use
+    from distcompat.anysize import BatchSplitError, ExactGradients, TrainPlan, counter_rng
     from distcompat.attention import (
         AttentionConfigError,
         AttentionDecision,
@@ -115,6 +116,10 @@ if TYPE_CHECKING:  # type checkers, IDEs and the docs see every name; Python imp
 #: keeps the value here, so the second access is an ordinary attribute. Keep it and ``__all__``
 #: and the imports above in step (tests/test_import_time.py checks).
 _EXPORTS = {
+    "BatchSplitError": "distcompat.anysize",
+    "ExactGradients": "distcompat.anysize",
+    "TrainPlan": "distcompat.anysize",
+    "counter_rng": "distcompat.anysize",
     "AttentionConfigError": "distcompat.attention",
     "AttentionDecision": "distcompat.attention",
     "AttentionInputError": "distcompat.attention",
@@ -206,6 +211,7 @@ _EXPORTS = {
 #: could when the face imported them all.
 _SUBMODULES = frozenset(
     {
+        "anysize",
         "attention",
         "bench",
         "checkpoint",
@@ -254,6 +260,7 @@ __all__ = [
     "AttentionInputError",
     "AttentionUnavailableError",
     "BackendUnavailableError",
+    "BatchSplitError",
     "Capabilities",
     "CheckpointCorruptError",
     "CheckpointExistsError",
@@ -267,6 +274,7 @@ __all__ = [
     "DistInfo",
     "DistInitError",
     "EmptyShardError",
+    "ExactGradients",
     "HangError",
     "LaunchEnv",
     "LaunchEnvError",
@@ -279,6 +287,7 @@ __all__ = [
     "SingleRankCollectiveError",
     "StopReport",
     "TokenLoader",
+    "TrainPlan",
     "UnsupportedCollectiveError",
     "WorldSizeMismatchError",
     "__version__",
@@ -298,6 +307,7 @@ __all__ = [
     "broadcast",
     "broadcast_object_list",
     "capabilities",
+    "counter_rng",
     "destroy_distributed",
     "distributed_session",
     "explain_attention",
