@@ -5,6 +5,7 @@ equality is in ``test_anysize_exact.py`` (``nox -s anysize``)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from distcompat.anysize import (
     sample_generator,
 )
 from distcompat.anysize._fixed import dequantize, exponent, quantize
+from distcompat.data import TokenLoader, write_tokens
 
 
 @given(micro=st.integers(1, 8), count=st.integers(1, 24), world=st.integers(1, 12))
@@ -157,3 +159,54 @@ def test_sharded_or_complex_parameters_are_refused() -> None:
         ExactGradients([torch.nn.Parameter(torch.zeros(2, dtype=torch.complex64))], micro_batches=1)
     with pytest.raises(ValueError, match="micro_batches=0"):
         ExactGradients(torch.nn.Linear(1, 1), micro_batches=0)
+
+
+def _global_batches(
+    path: str, plan: TrainPlan, sizes: list[tuple[int, int]], seq_len: int
+) -> list[list[int]]:
+    """Each step's global batch (window indices, in global micro-batch order) when the run goes
+    through ``sizes``: (world size, steps) in turn, every new size loading rank 0's state.
+
+    The ranks are TokenLoaders built with ``rank=``/``world_size=`` in one process (a loader has
+    no collective), which is what a resized run's ranks hold."""
+    state = None
+    steps: list[list[int]] = []
+    for world, count in sizes:
+        shares = [plan.share(world_size=world, rank=r) for r in range(world)]
+        loaders = [
+            TokenLoader(
+                path,
+                batch_size=s.samples,
+                seq_len=seq_len,
+                seed=3,
+                world_size=world,
+                rank=s.rank,
+                dtype=torch.uint32,
+            )
+            for s in shares
+        ]
+        if state is not None:
+            for loader in loaders:
+                loader.load_state_dict(state)
+        streams = [iter(loader) for loader in loaders]
+        for _ in range(count):
+            batch: list[int] = []
+            for stream in streams:  # rank order = global micro-batch order
+                inputs, _ = next(stream)
+                batch += (inputs[:, 0] // seq_len).tolist()
+            steps.append(batch)
+        state = loaders[0].state_dict()
+    return steps
+
+
+def test_a_resized_run_sees_the_same_global_batches_each_window_once(tmp_path: Path) -> None:
+    seq_len, windows = 4, 72
+    path = str(
+        write_tokens(tmp_path / "t.bin", torch.arange(windows * seq_len + 1), dtype=torch.uint32)
+    )
+    plan = TrainPlan(global_batch=12, micro_batch=2)
+    steps = windows // plan.global_batch
+    one = _global_batches(path, plan, [(1, steps)], seq_len)
+    assert sorted(w for batch in one for w in batch) == list(range(windows))
+    for sizes in ([(2, 2), (3, steps - 2)], [(3, 3), (2, steps - 3)], [(6, 1), (1, steps - 1)]):
+        assert _global_batches(path, plan, sizes, seq_len) == one, sizes
