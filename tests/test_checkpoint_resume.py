@@ -13,17 +13,21 @@ import logging
 import random
 import shutil
 import signal
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 import distcompat
 from _rank_processes import Ended, run_ranks
 from distcompat.checkpoint import (
+    PerRankStateError,
     ResumeStateError,
+    Stateful,
     committed_steps,
     resume,
     save_checkpoint,
@@ -193,6 +197,311 @@ def test_another_world_size_can_be_refused(tmp_path: Path, run_on_ranks: Runner)
     save_checkpoint(tmp_path, 3, training_state(model=torch.nn.Linear(2, 2)))  # world size 1
     with pytest.raises(RankFailedError, match="WorldSizeMismatchError"):
         run_on_ranks(_rank_resume_strict, 2, args=(str(tmp_path),))
+
+
+# --- another world size (real gloo groups at both sizes) -----------------------------------------
+
+ROWS = 24  # samples of the sampler every cross-size run shares
+
+
+class Plan:
+    """A training plan's stand-in: replicated plain state, restored through ``plan=``."""
+
+    def __init__(self, global_batch: int) -> None:
+        self.global_batch, self.samples = global_batch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"global_batch": self.global_batch, "samples": self.samples}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.global_batch, self.samples = state["global_batch"], state["samples"]
+
+
+class Slices:
+    """A toy sharded state (as a ZeRO optimizer splits its moments): a vector of 10 split over
+    the ranks with ``tensor_split`` (uneven at 3 ranks: 4, 3, 3), re-split by ``load_resharded``."""
+
+    def __init__(self, whole: torch.Tensor) -> None:
+        self.rank, self.world = distcompat.get_rank(), distcompat.get_world_size()
+        self.part = torch.tensor_split(whole, self.world)[self.rank].clone()
+        self.states_given = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"part": self.part, "rank": self.rank}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.part = state["part"].clone()
+
+    def load_resharded(self, states: Sequence[dict[str, Any]]) -> None:
+        self.states_given = len(states)
+        whole = torch.cat([s["part"] for s in states])  # rank order: the whole vector again
+        self.part = torch.tensor_split(whole, self.world)[self.rank].clone()
+
+
+def _mlp(seed: int) -> torch.nn.Sequential:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2)
+    )
+
+
+def _steps(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, sampler: ShardedSampler
+) -> None:
+    """Three steps of DDP (gradients all-reduced by its reducer) on this rank's samples."""
+    ddp = DistributedDataParallel(model)
+    indices = iter(sampler)
+    for _ in range(3):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(next(indices)))
+        ddp(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def _rank_save_replicated(root: str) -> dict[str, Any]:
+    """A DDP model and its AdamW (replicated on every rank), a sampler and a plan, saved."""
+    model = _mlp(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    sampler, plan = ShardedSampler(range(ROWS), seed=5), Plan(12)
+    _steps(model, optimizer, sampler)
+    plan.samples = 3 * distcompat.get_world_size()
+    objects: dict[str, Stateful] = {
+        "model": model,
+        "optimizer": optimizer,
+        "loader": sampler,
+        "plan": plan,
+    }
+    save_checkpoint(
+        root, 3, training_state(model=model, optimizer=optimizer, loader=sampler, plan=plan)
+    )
+    return {name: obj.state_dict() for name, obj in objects.items()}
+
+
+def _rank_resume_replicated(root: str) -> dict[str, Any]:
+    model = _mlp(1)  # other weights and no moments: all of it must be replaced
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+    plan = Plan(1)
+    objects: dict[str, Stateful] = {"model": model, "optimizer": optimizer, "plan": plan}
+    sampler = ShardedSampler(range(ROWS), seed=5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = resume(root, model=model, optimizer=optimizer, loader=sampler, plan=plan)
+    state = {name: obj.state_dict() for name, obj in objects.items()}
+    return {
+        **state,
+        "consumed": sampler.state_dict()["consumed"],
+        "resumed": (resumed.step, resumed.world_size, resumed.resized),
+        "warnings": [w.category.__name__ for w in caught],
+    }
+
+
+def _equal(got: Any, want: Any) -> bool:
+    """Bit for bit: tensors of the same dtype, shape and bytes; plain values equal."""
+    if isinstance(want, torch.Tensor):
+        return (
+            isinstance(got, torch.Tensor)
+            and got.dtype == want.dtype
+            and torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8))
+        )
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(_equal(got[k], want[k]) for k in want)
+        )
+    if isinstance(want, list | tuple):
+        return len(got) == len(want) and all(_equal(a, b) for a, b in zip(got, want, strict=True))
+    return bool(got == want)
+
+
+@pytest.mark.parametrize(
+    ("saved", "now"),
+    [
+        (2, 3),
+        (3, 2),
+        pytest.param(1, 4, marks=pytest.mark.anysize),
+        pytest.param(4, 1, marks=pytest.mark.anysize),
+    ],
+)
+def test_replicated_state_follows_another_world_size(
+    tmp_path: Path, run_on_ranks: Runner, saved: int, now: int
+) -> None:
+    """Model, AdamW, sampler and plan saved by ``saved`` DDP ranks come back bit for bit on
+    ``now`` ranks: every saving rank's copy is checked equal, rank 0's is loaded, the loader
+    continues at the global position, and every rank is told its RNG states were not restored."""
+    states = run_on_ranks(_rank_save_replicated, saved, args=(str(tmp_path),))
+    assert all(_equal(s, states[0]) for s in states[1:])  # replicated, so the check passes
+    results = run_on_ranks(_rank_resume_replicated, now, args=(str(tmp_path),))
+    for rank, result in enumerate(results):
+        for name in ("model", "optimizer", "plan"):
+            assert _equal(result[name], states[0][name]), (rank, name)
+        assert result["optimizer"]["state"][0]["step"] == 3
+        assert result["consumed"] == states[0]["loader"]["consumed"] == 3 * saved
+        assert result["resumed"] == (3, saved, True)
+        assert result["warnings"] == ["RngStateWarning"]
+
+
+def _rank_save_sharded(root: str) -> None:
+    model = _mlp(0)
+    whole = torch.arange(10, dtype=torch.float64) * 1.5 - 2.0
+    save_checkpoint(root, 7, training_state(model=model, optimizer=Slices(whole), rng=False))
+
+
+def _rank_resume_sharded(root: str) -> tuple[list[float], int, bool]:
+    model, slices = _mlp(1), Slices(torch.zeros(10, dtype=torch.float64))
+    resume(root, model=model, optimizer=slices)
+    return (
+        slices.part.tolist(),
+        slices.states_given,
+        _equal(model.state_dict(), _mlp(0).state_dict()),
+    )
+
+
+@pytest.mark.parametrize(("saved", "now"), [(2, 3), (3, 2)])
+def test_a_reshardable_object_gets_every_saving_ranks_state(
+    tmp_path: Path, run_on_ranks: Runner, saved: int, now: int
+) -> None:
+    """A Reshardable object's ``load_resharded`` receives the state of each of the ``saved``
+    ranks, in rank order, and takes exactly this rank's share at ``now`` ranks; the replicated
+    model beside it is checked and loaded as usual."""
+    run_on_ranks(_rank_save_sharded, saved, args=(str(tmp_path),))
+    results = run_on_ranks(_rank_resume_sharded, now, args=(str(tmp_path),))
+    whole = torch.arange(10, dtype=torch.float64) * 1.5 - 2.0
+    for rank, (part, given, model_restored) in enumerate(results):
+        assert part == torch.tensor_split(whole, now)[rank].tolist()
+        assert given == saved
+        assert model_restored
+
+
+def _rank_save_zero(root: str) -> dict[str, torch.Tensor]:
+    """ZeRO-1 by hand: rank r's AdamW steps the parameters i with i % world == r, then each
+    parameter is broadcast from its owner. The model stays replicated; the moments are per rank."""
+    rank, world = distcompat.get_rank(), distcompat.get_world_size()
+    model = _mlp(0)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([p for i, p in enumerate(params) if i % world == rank], lr=0.05)
+    for step in range(2):
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(step))
+        model(x).square().mean().backward()  # the same input everywhere: the same gradients
+        optimizer.step()
+        optimizer.zero_grad()
+        for i, p in enumerate(params):
+            distcompat.broadcast(p.data, src=i % world)
+    save_checkpoint(root, 2, training_state(model=model, optimizer=optimizer, rng=False))
+    return model.state_dict()
+
+
+def _rank_resume_zero(root: str, world_change: str) -> tuple[str, dict[str, torch.Tensor]]:
+    """Resume the ZeRO-1 run: its optimizer split for this world size ("follow"), or as saving
+    rank 0's ("rank0", which loads rank 0's file on every rank)."""
+    model = _mlp(1)
+    params = list(model.parameters())
+    rank, world = distcompat.get_rank(), distcompat.get_world_size()
+    owner, owners = (rank, world) if world_change == "follow" else (0, 2)
+    optimizer = torch.optim.AdamW([p for i, p in enumerate(params) if i % owners == owner], lr=0.05)
+    try:
+        resume(root, model=model, optimizer=optimizer, world_change=world_change)  # type: ignore[arg-type]
+    except PerRankStateError as exc:
+        return str(exc), model.state_dict()
+    return "", model.state_dict()
+
+
+def test_per_rank_state_that_is_not_reshardable_is_refused_on_every_rank(
+    tmp_path: Path, run_on_ranks: Runner
+) -> None:
+    """A hand-made ZeRO-1 AdamW (not Reshardable) saved by 2 ranks, resumed on 3: every rank
+    raises PerRankStateError naming the optimizer and its first keys that differ, with how
+    many, before anything is restored; ``world_change="rank0"`` loads rank 0's file unchecked."""
+    saved = run_on_ranks(_rank_save_zero, 2, args=(str(tmp_path),))
+    assert _equal(saved[1], saved[0])
+    results = run_on_ranks(_rank_resume_zero, 3, args=(str(tmp_path), "follow"))
+    messages = {message for message, _ in results}
+    assert len(messages) == 1, messages  # the same verdict on every rank
+    message = messages.pop()
+    assert "optimizer: 6 of " in message  # 3 parameters per rank, exp_avg and exp_avg_sq each
+    assert "state.0.exp_avg, state.0.exp_avg_sq, state.1.exp_avg, state.1.exp_avg_sq, " in message
+    assert "..." in message
+    assert "saving rank(s) 1 differ from rank 0" in message
+    assert "model:" not in message  # the replicated model passed its check
+    assert "saved by 2 rank(s) and this run has 3" in message
+    fresh = _mlp(1).state_dict()
+    assert all(_equal(model, fresh) for _, model in results)  # raised before anything restored
+    unchecked = run_on_ranks(_rank_resume_zero, 3, args=(str(tmp_path), "rank0"))
+    assert [message for message, _ in unchecked] == [""] * 3
+    assert all(_equal(model, saved[0]) for _, model in unchecked)
+
+
+class _Records(logging.Handler):
+    def __init__(self, level: int) -> None:
+        super().__init__(level)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], str]:
+    """Resume, recording warnings, this rank's WARNING log lines and the error raised."""
+    handler = _Records(logging.WARNING)
+    records = handler.records
+    logger = logging.getLogger("distcompat.checkpoint")
+    logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resume(root, model=_mlp(1), rng_change=rng_change)  # type: ignore[arg-type]
+        error = ""
+    except PerRankStateError as exc:
+        error = str(exc)
+    finally:
+        logger.removeHandler(handler)
+    said = [f"{w.category.__name__}: {w.message}" for w in caught]
+    return said, [r.getMessage() for r in records if r.levelno >= logging.WARNING], error
+
+
+def _rank_save_rng(root: str, rng: bool) -> None:
+    torch.manual_seed(distcompat.get_rank())  # per-rank streams
+    save_checkpoint(root, 1, training_state(model=_mlp(0), rng=rng))
+
+
+def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
+    tmp_path: Path, run_on_ranks: Runner
+) -> None:
+    """RNG states saved by 2 ranks, resumed on 3: a RngStateWarning on every rank and a WARNING
+    on rank 0's log by default; PerRankStateError naming the key with ``rng_change="error"``;
+    nothing at all for a checkpoint saved with ``rng=False``."""
+    with_rng, without = str(tmp_path / "rng"), str(tmp_path / "none")
+    run_on_ranks(_rank_save_rng, 2, args=(with_rng, True))
+    run_on_ranks(_rank_save_rng, 2, args=(without, False))
+
+    warned = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "warn"))
+    for rank, (said, logged, error) in enumerate(warned):
+        assert error == ""
+        assert len(said) == 1, said
+        assert said[0].startswith("RngStateWarning: resume("), said
+        assert "saved per rank by 2 rank(s) and are not restored on 3 rank(s)" in said[0]
+        assert "Counter-based RNG" in said[0]
+        assert len(logged) == (1 if rank == 0 else 0), logged
+    assert "saved per rank by 2 rank(s)" in warned[0][1][0]
+
+    refused = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "error"))
+    assert all(said == [] and 'RNG states (key "rng")' in error for said, _, error in refused)
+    assert len({error for _, _, error in refused}) == 1
+
+    quiet = run_on_ranks(_rank_resume_rng, 3, args=(without, "error"))
+    assert quiet == [([], [], "")] * 3
+
+
+def test_resume_arguments_and_the_plan_in_one_process(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="rng_change='loud'"):
+        resume(tmp_path, rng_change="loud")  # type: ignore[arg-type]
+    plan = Plan(8)
+    plan.samples = 40
+    save_checkpoint(tmp_path, 5, training_state(plan=plan))
+    restored = Plan(1)
+    resumed = resume(tmp_path, plan=restored)
+    assert (restored.global_batch, restored.samples) == (8, 40)
+    assert (resumed.resized, resumed.world_size) == (False, 1)
 
 
 # --- real kills, then a restart ------------------------------------------------------------------

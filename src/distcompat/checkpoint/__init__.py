@@ -16,13 +16,18 @@ start and on every restart (``_resume``)::
     ... save_checkpoint("ckpt", step, training_state(model=model, optimizer=optimizer,
                                                       loader=loader), keep_last=3)
 
+It also resumes on another world size: replicated state checked equal on every saving rank, a
+:class:`Reshardable` object re-split, per-rank state that cannot follow refused by name
+(:class:`PerRankStateError`).
+
 Single files: :func:`atomic_save` is ``torch.save`` that never leaves a torn file, and
 :func:`atomic_write_bytes` / :func:`atomic_write_json` do the same for bytes and JSON.
 
 The commit protocol, what it guarantees under which failure, and what it costs are described in
 ``docs/checkpoints.md``. Modules: ``_atomic`` (durable single-file writes), ``_manifest`` (layout
 and verification), ``_sync`` (the save's collectives), ``_save``, ``_load``, ``_async``,
-``_resume`` (resume a run: agree on a step, load every object).
+``_state`` (what a resumable state holds: ``training_state``, the protocols), ``_resume`` (resume a
+run: agree on a step, load every object), ``_world`` (a checkpoint of another world size).
 """
 
 from distcompat._files import (
@@ -37,6 +42,9 @@ from distcompat.checkpoint._errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     CheckpointSyncError,
+    PerRankStateError,
+    ResumeStateError,
+    RngStateWarning,
     WorldSizeMismatchError,
 )
 from distcompat.checkpoint._load import latest_checkpoint, load_checkpoint
@@ -46,15 +54,9 @@ from distcompat.checkpoint._manifest import (
     committed_steps,
     verify_checkpoint,
 )
-from distcompat.checkpoint._resume import (
-    RESUME_FORMAT,
-    Resumed,
-    ResumeStateError,
-    Stateful,
-    resume,
-    training_state,
-)
+from distcompat.checkpoint._resume import Resumed, resume
 from distcompat.checkpoint._save import save_checkpoint
+from distcompat.checkpoint._state import RESUME_FORMAT, Reshardable, Stateful, training_state
 from distcompat.checkpoint._sync import DEFAULT_SYNC_TIMEOUT_S
 
 __all__ = [
@@ -68,8 +70,11 @@ __all__ = [
     "CheckpointSyncError",
     "Manifest",
     "ManifestFile",
+    "PerRankStateError",
+    "Reshardable",
     "ResumeStateError",
     "Resumed",
+    "RngStateWarning",
     "Stateful",
     "WorldSizeMismatchError",
     "atomic_save",

@@ -18,22 +18,24 @@ loading a different step. Every rank then loads its own file (checksum verified)
 gather the outcomes; a step whose file fails on any rank is dropped on all of them and the next
 common step is tried, so the ranks always leave together, on the same step, or raise together.
 
-A world size that changed since the save (an elastic restart on fewer nodes) loads rank 0's file
-on every rank: right for replicated state (DDP's model and optimizer) and for distcompat's
-loaders, whose state is the global position and re-shards by itself. Per-rank state (a ZeRO
-optimizer shard) cannot be re-sharded this way; pass ``world_change="error"`` to refuse instead.
+A world size that changed since the save (an elastic restart on fewer nodes, a job moved to more
+GPUs) is followed (``_world``): replicated state (DDP's model and optimizer, distcompat's loaders
+and training plan, whose state is a global position) comes from rank 0's file once every saving
+rank's copy is checked equal; a :class:`Reshardable` object (a ZeRO optimizer shard) gets every
+saving rank's state and takes its share; state that differs per rank and cannot be re-split
+raises :class:`PerRankStateError` on every rank, naming its keys. Per-rank RNG states cannot
+follow: a warning (:class:`RngStateWarning`) or, with ``rng_change="error"``, the same error.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
 import time
-from collections.abc import Mapping
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal
 
 import torch
 
@@ -41,34 +43,29 @@ from distcompat.checkpoint._errors import (
     CheckpointCorruptError,
     CheckpointNotFoundError,
     CheckpointSyncError,
+    PerRankStateError,
+    ResumeStateError,
+    RngStateWarning,
     WorldSizeMismatchError,
 )
 from distcompat.checkpoint._load import load_checkpoint
 from distcompat.checkpoint._manifest import TMP_RE, committed_steps, verify_checkpoint
+from distcompat.checkpoint._state import (
+    FORMAT_KEY,
+    OBJECTS,
+    RESUME_FORMAT,
+    Reshardable,
+    Stateful,
+    set_rng_state,
+)
 from distcompat.checkpoint._sync import DEFAULT_SYNC_TIMEOUT_S, save_group
+from distcompat.checkpoint._world import Prints, check_replicated, read_saving_ranks, rng_message
 
-__all__ = ["RESUME_FORMAT", "ResumeStateError", "Resumed", "Stateful", "resume", "training_state"]
-
-#: The key and version :func:`training_state` writes; :func:`resume` refuses other states.
-RESUME_FORMAT = "distcompat.resume/1"
-_FORMAT_KEY = "format"
+__all__ = ["Resumed", "resume"]
 
 _log = logging.getLogger("distcompat.checkpoint")
-
-
-class ResumeStateError(ValueError):
-    """A committed checkpoint does not hold what :func:`resume` was asked to restore."""
-
-
-@runtime_checkable
-class Stateful(Protocol):
-    """Anything with ``state_dict()`` / ``load_state_dict()``: a module, an optimizer, a loader."""
-
-    def state_dict(self) -> Any:
-        """Return the object's state."""
-
-    def load_state_dict(self, state_dict: Any, /) -> Any:
-        """Restore the object's state."""
+_WORLD_CHANGES = ("follow", "rank0", "error")
+_RNG_CHANGES = ("warn", "error")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,13 +75,15 @@ class Resumed:
     ``step`` is the step of the loaded checkpoint: the steps already done, so the loop runs
     ``range(step + 1, total + 1)``; 0 when there was none (a fresh start, nothing loaded).
     ``skipped`` names each newer folder passed over and why (torn, failed verification, not
-    seen by every rank). ``world_size`` is the saving run's, ``extra`` what it passed as
-    ``extra=`` to :func:`training_state`, ``seconds`` how long the call took on this rank.
+    seen by every rank). ``world_size`` is the saving run's, ``resized`` whether it differs from
+    this run's, ``extra`` what it passed as ``extra=`` to :func:`training_state` (rank 0's on
+    another world size), ``seconds`` how long the call took on this rank.
     """
 
     step: int
     directory: Path | None
     world_size: int | None
+    resized: bool = False
     skipped: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
@@ -93,58 +92,6 @@ class Resumed:
     def fresh(self) -> bool:
         """True when no checkpoint was found and nothing was loaded."""
         return self.directory is None
-
-
-def _rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: Mapping[str, Any]) -> None:
-    # .cpu(): the generators take CPU byte tensors, whatever map_location the load used
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(_as_random_state(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def _as_random_state(value: Any) -> tuple[Any, ...]:
-    """``random.setstate`` wants tuples; a loaded state may hold lists."""
-    version, internal, gauss = value
-    return (version, tuple(internal), gauss)
-
-
-def training_state(
-    *,
-    model: Stateful | None = None,
-    optimizer: Stateful | None = None,
-    loader: Stateful | None = None,
-    rng: bool = True,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Return this rank's state for :func:`save_checkpoint`, in the layout :func:`resume` reads.
-
-    Holds each given object's ``state_dict()``, the RNG states (torch CPU, CUDA when in use,
-    Python's ``random``; NumPy's is not kept) and ``extra``: plain values (numbers, strings,
-    lists, dicts, tensors) a ``weights_only`` load accepts.
-
-    Example:
-        >>> import torch
-        >>> state = training_state(model=torch.nn.Linear(2, 1), extra={"losses": [2.5]})
-        >>> sorted(state)
-        ['extra', 'format', 'model', 'rng']
-    """
-    state: dict[str, Any] = {_FORMAT_KEY: RESUME_FORMAT}
-    for name, obj in (("model", model), ("optimizer", optimizer), ("loader", loader)):
-        if obj is not None:
-            state[name] = obj.state_dict()
-    if rng:
-        state["rng"] = _rng_state()
-    if extra:
-        state["extra"] = dict(extra)
-    return state
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,19 +121,31 @@ def _local_view(root: Path) -> _View:
 
 @dataclass(frozen=True, slots=True)
 class _Loaded:
-    """One rank's load of a step, as gathered: ``error`` None, a failure, or a refusal."""
+    """One rank's load of a step, as gathered: ``error`` None, a failure, or a refusal.
+
+    ``prints``: on another world size, the fingerprints of the saving ranks' files this rank
+    read for the check (merged across ranks, they cover every saving rank).
+    """
 
     error: str | None
     refusal: str | None = None  # the class name of an error that holds for every step
+    prints: Prints = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class _Own:
-    """The state a rank loaded for a step, and what it needs to know about the save."""
+    """The state a rank loaded for a step, and what it needs to know about the save.
+
+    ``other``: per-rank files of another world size (``state`` is then saving rank 0's);
+    ``checked``: the objects whose copies must be equal on every saving rank; ``resharded``:
+    each Reshardable object's state from every saving rank.
+    """
 
     state: dict[str, Any]
     world_size: int
-    from_other_rank: bool
+    other: bool
+    checked: tuple[str, ...] = ()
+    resharded: dict[str, list[Any]] = field(default_factory=dict)
 
 
 def resume(
@@ -195,8 +154,10 @@ def resume(
     model: Stateful | None = None,
     optimizer: Stateful | None = None,
     loader: Stateful | None = None,
+    plan: Stateful | None = None,
     rng: bool = True,
-    world_change: Literal["rank0", "error"] = "rank0",
+    world_change: Literal["follow", "rank0", "error"] = "follow",
+    rng_change: Literal["warn", "error"] = "warn",
     map_location: str | torch.device | None = "cpu",
     timeout: float = DEFAULT_SYNC_TIMEOUT_S,
 ) -> Resumed:
@@ -205,8 +166,8 @@ def resume(
     Finds the committed steps under ``directory`` (temp folders of killed saves and steps that
     fail verification are skipped, and rank 0 logs each skip on the ``distcompat.checkpoint``
     logger), agrees with the other ranks on the newest step all of them see, loads this rank's
-    file of it (SHA-256 verified) and restores ``model``, ``optimizer``, ``loader`` and the RNG
-    states from it. With no checkpoint it changes nothing and returns step 0.
+    file of it (SHA-256 verified) and restores ``model``, ``optimizer``, ``loader``, ``plan``
+    and the RNG states from it. With no checkpoint it changes nothing and returns step 0.
 
     Args:
         directory: the checkpoint root given to :func:`save_checkpoint`.
@@ -214,10 +175,20 @@ def resume(
         optimizer: the optimizer to restore (likewise).
         loader: the data loader or sampler to restore (likewise): ``ShardedSampler`` and
             ``TokenLoader`` continue at the saved global position, re-sharded over this world.
-        rng: restore the RNG states (skipped, with a note in the log, on a new world size).
-        world_change: a checkpoint of another world size: ``"rank0"`` loads rank 0's file on
-            every rank (replicated state, global loader positions); ``"error"`` raises
+        plan: the training plan to restore (likewise; replicated state, like the loader's).
+        rng: restore this rank's RNG states (not possible on another world size: see
+            ``rng_change``).
+        world_change: a checkpoint saved by another world size. ``"follow"``: a
+            :class:`Reshardable` object gets every saving rank's state (each rank reads every
+            saving rank's file); every other object is loaded from rank 0's file once its state
+            is found equal on every saving rank (a SHA-256 per key, each saving rank's file
+            read by one rank), else :class:`PerRankStateError` on every rank, before anything
+            is restored. ``"rank0"``: every object, Reshardable too, loads rank 0's file, not
+            checked (for state known to be replicated). ``"error"``: raise
             :class:`WorldSizeMismatchError`.
+        rng_change: per-rank RNG states saved by another world size cannot be restored:
+            ``"warn"`` continues without them with a :class:`RngStateWarning` on every rank
+            (and a warning logged on rank 0); ``"error"`` raises :class:`PerRankStateError`.
         map_location: passed to ``torch.load`` (CPU by default; ``load_state_dict`` copies to
             the model's device).
         timeout: seconds to wait for every rank to call it (as for a save).
@@ -228,10 +199,11 @@ def resume(
         ResumeStateError: the checkpoint was not saved with :func:`training_state`, or lacks an
             object asked for.
         WorldSizeMismatchError: another world size and ``world_change="error"``.
+        PerRankStateError: another world size and state that differs per rank (see above).
 
     Example:
         >>> import tempfile, torch
-        >>> from distcompat.checkpoint import save_checkpoint
+        >>> from distcompat.checkpoint import save_checkpoint, training_state
         >>> model = torch.nn.Linear(2, 1)
         >>> with tempfile.TemporaryDirectory() as tmp:
         ...     resume(tmp, model=model).step           # nothing saved yet: start at 0
@@ -242,8 +214,12 @@ def resume(
     """
     started = time.perf_counter()
     root = Path(directory)
-    if world_change not in ("rank0", "error"):
-        raise ValueError(f"world_change={world_change!r} must be 'rank0' or 'error'")
+    if world_change not in _WORLD_CHANGES:
+        raise ValueError(f"world_change={world_change!r} must be one of {_WORLD_CHANGES}")
+    if rng_change not in _RNG_CHANGES:
+        raise ValueError(f"rng_change={rng_change!r} must be one of {_RNG_CHANGES}")
+    given = (model, optimizer, loader, plan)
+    objects = {name: obj for name, obj in zip(OBJECTS, given, strict=True) if obj is not None}
     what = f"resume({str(root)!r})"
     group = save_group(what, timeout)
     group.arrive(what, timeout)
@@ -262,7 +238,9 @@ def resume(
             missing = [r for r, v in enumerate(views) if step not in v.steps]
             skipped.append(f"step-{step}: not seen by rank(s) {missing} yet")
     for step in sorted(candidates, reverse=True):
-        own, outcome = _load_own(root, step, group.world_size, world_change, map_location)
+        own, outcome = _load_step(
+            root, step, group.rank, group.world_size, objects, world_change, map_location
+        )
         outcomes: list[_Loaded] = group.gather(outcome)
         refusals = [(r, o) for r, o in enumerate(outcomes) if o.refusal]
         if refusals:  # a wrong format or world size holds for every older step too
@@ -274,12 +252,38 @@ def resume(
             skipped.append(f"step-{step}: {'; '.join(failed)}")
             continue
         assert own is not None
-        _restore(own, model=model, optimizer=optimizer, loader=loader, rng=rng)
+        where = f"{what}: step {step}"
+        if own.other and world_change == "follow":  # the same fingerprints, the same verdict
+            prints: Prints = {}
+            for gathered in outcomes:
+                prints.update(gathered.prints)
+            check_replicated(
+                prints,
+                own.checked,
+                saved_world=own.world_size,
+                world_size=group.world_size,
+                where=where,
+            )
+        restore_rng = rng and "rng" in own.state
+        if restore_rng and own.other:
+            restore_rng = False
+            message = rng_message(own.world_size, group.world_size)
+            if rng_change == "error":
+                raise PerRankStateError(
+                    f"{where}: {message} (rng_change='error'; 'warn' continues without them)"
+                )
+            warnings.warn(f"{where}: {message}", RngStateWarning, stacklevel=2)
+            if group.rank == 0:
+                _log.warning("resume: %s", message)
+        _restore(own, objects)
+        if restore_rng:
+            set_rng_state(own.state["rng"])
         _report(root, skipped, step, group.rank)
         return Resumed(
             step=step,
             directory=root / f"step-{step}",
             world_size=own.world_size,
+            resized=own.world_size != group.world_size,
             skipped=tuple(skipped),
             extra=dict(own.state.get("extra", {})),
             seconds=time.perf_counter() - started,
@@ -294,33 +298,62 @@ def resume(
     )
 
 
-def _load_own(
+def _load_step(
     root: Path,
     step: int,
+    rank: int,
     world_size: int,
+    objects: dict[str, Stateful],
     world_change: str,
     map_location: str | torch.device | None,
 ) -> tuple[_Own | None, _Loaded]:
-    """Load this rank's file of ``step``; an error becomes the gathered outcome."""
+    """Load what this rank needs of ``step``; an error becomes the gathered outcome.
+
+    The same world size (or a replicated save): this rank's own file. Another: saving rank 0's
+    file, and with ``world_change="follow"`` the saving ranks' files the check and the
+    Reshardable objects need (``_world.read_saving_ranks``).
+    """
     try:
         manifest = verify_checkpoint(root, step, checksums=False)
         other = not manifest.replicated and manifest.world_size != world_size
         if other and world_change == "error":
             raise WorldSizeMismatchError(
                 f"step {step} was saved by {manifest.world_size} rank(s), this run has "
-                f"{world_size} (world_change='rank0' loads rank 0's file on every rank)"
+                f"{world_size} (world_change='follow' checks and re-splits the state)"
             )
         state = load_checkpoint(root, step, map_location=map_location, rank=0 if other else None)
-        if state.get(_FORMAT_KEY) != RESUME_FORMAT:
+        if state.get(FORMAT_KEY) != RESUME_FORMAT:
             raise ResumeStateError(
                 f"step {step} in {root} was not saved with training_state() (its keys: "
                 f"{sorted(state)[:8]}); save with save_checkpoint(dir, step, training_state(...))"
             )
+        for name in objects:
+            if name not in state:
+                raise ResumeStateError(
+                    f"resume(..., {name}=...) but the checkpoint holds no {name} state; pass "
+                    f"{name}= to training_state() when saving"
+                )
+        if not (other and world_change == "follow"):
+            return _Own(state, manifest.world_size, other), _Loaded(None)
+        resharded = [n for n, obj in objects.items() if isinstance(obj, Reshardable)]
+        checked = tuple(n for n in objects if n not in resharded)
+        prints, states = read_saving_ranks(
+            root,
+            step,
+            saved_world=manifest.world_size,
+            rank=rank,
+            world_size=world_size,
+            first=state,
+            checked=checked,
+            resharded=resharded,
+            map_location=map_location,
+        )
     except (WorldSizeMismatchError, ResumeStateError) as exc:
         return None, _Loaded(f"{type(exc).__name__}: {exc}", refusal=type(exc).__name__)
     except (CheckpointCorruptError, CheckpointNotFoundError, OSError, RuntimeError) as exc:
         return None, _Loaded(f"{type(exc).__name__}: {exc}")
-    return _Own(state, manifest.world_size, other), _Loaded(None)
+    own = _Own(state, manifest.world_size, other, checked=checked, resharded=states)
+    return own, _Loaded(None, prints=prints)
 
 
 _REFUSALS: dict[str, type[ValueError]] = {
@@ -328,28 +361,14 @@ _REFUSALS: dict[str, type[ValueError]] = {
 }
 
 
-def _restore(
-    own: _Own,
-    *,
-    model: Stateful | None,
-    optimizer: Stateful | None,
-    loader: Stateful | None,
-    rng: bool,
-) -> None:
-    state = own.state
-    for name, obj in (("model", model), ("optimizer", optimizer), ("loader", loader)):
-        if obj is None:
-            continue
-        if name not in state:
-            raise ResumeStateError(
-                f"resume(..., {name}=...) but the checkpoint holds no {name} state; pass "
-                f"{name}= to training_state() when saving"
-            )
-        obj.load_state_dict(state[name])
-    if rng and own.from_other_rank:
-        _log.info("resume: RNG states not restored (the world size changed since the save)")
-    elif rng and "rng" in state:
-        _set_rng_state(state["rng"])
+def _restore(own: _Own, objects: dict[str, Stateful]) -> None:
+    """Load each object: its resharded states, or its state in the file loaded."""
+    for name, obj in objects.items():
+        if name in own.resharded:
+            assert isinstance(obj, Reshardable)
+            obj.load_resharded(own.resharded[name])
+        else:
+            obj.load_state_dict(own.state[name])
 
 
 def _report(root: Path, skipped: list[str], step: int | None, rank: int) -> None:
