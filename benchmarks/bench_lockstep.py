@@ -62,6 +62,7 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
     import distcompat.distributed as dist
     from distcompat.demo import _train
     from distcompat.demo._config import DemoConfig
+    from distcompat.demo._optim import ZeroAdamW
 
     torch.set_num_threads(1)  # as the demo: one thread per rank
     if mode.endswith("-bound"):  # one CPU per rank: every thread now, and those started later
@@ -74,6 +75,7 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
     corpus = _train._prepare_corpus(config, first_attempt=True)
     trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
     batches = _train._endless(trainer.loader)
+    assert isinstance(trainer.optimizer, ZeroAdamW)  # the demo's default mode
     local = None
     if mode != "demo":
         trainer.optimizer.close()  # its hooks would launch the gradient sync

@@ -167,7 +167,8 @@ class ExactGradients:
         i = self._index[id(param)]
         with torch.no_grad():
             self._accs[i].add_(quantize(grad.reshape(-1), self._exponents[i]))
-            largest = grad.detach().abs().max().to(torch.float64)
+            low, high = torch.aminmax(grad.detach())  # no |grad| temporary; NaN propagates
+            largest = torch.maximum(high, -low).to(torch.float64)
             self._maxes[i] = torch.maximum(self._maxes[i], largest)
             grad.zero_()
 
@@ -277,7 +278,12 @@ class ExactGradients:
                 "(every rank raises this; the step's gradients were dropped)"
             )
         over = tuple(n for n, m, b in zip(self._names, largest, self._bounds, strict=True) if m > b)
-        self._bounds = [max(m, MIN_BOUND) * math.ldexp(1.0, self._headroom) for m in largest]
+        # A tensor with no gradient this step (max 0, e.g. behind a zero-initialised layer)
+        # keeps its bound: shrinking it to the floor would make its first real step a redo.
+        self._bounds = [
+            max(m, MIN_BOUND) * math.ldexp(1.0, self._headroom) if m > 0 else b
+            for m, b in zip(largest, self._bounds, strict=True)
+        ]
         self._exponents = [exponent(b, self.micro_batches) for b in self._bounds]
         return ExactStep(ok=not over, loss=loss, overflowed=over)
 

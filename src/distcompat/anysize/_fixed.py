@@ -60,13 +60,19 @@ def exponent(bound: float, terms: int) -> int:
 
 
 def quantize(values: torch.Tensor, e: int) -> torch.Tensor:
-    """``round(values * 2**-e)`` as int64 (half to even; exact for every float32 value in range).
+    """``round(values * 2**-e)`` as int64 (half to even), computed without rounding error.
+
+    Scaling by a power of two is exact in float32 as in float64 (the result stays below
+    ``2**63``, far inside float32's range), and so is rounding to an integer and converting it:
+    float32, float16 and bfloat16 values are scaled in float32, float64 ones in float64.
 
     Example:
         >>> quantize(torch.tensor([0.75, -1.5]), -2)
         tensor([ 3, -6])
     """
-    return torch.round(values.detach().to(torch.float64) * math.ldexp(1.0, -e)).to(torch.int64)
+    wide = torch.float64 if values.dtype == torch.float64 else torch.float32
+    scaled = values.detach().to(wide) * math.ldexp(1.0, -e)
+    return scaled.round_().to(torch.int64)
 
 
 def dequantize(

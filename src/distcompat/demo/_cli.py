@@ -30,6 +30,7 @@ from distcompat.checkpoint import atomic_write_json
 from distcompat.demo._config import DemoConfig, DemoConfigError
 from distcompat.demo._launch import (
     FINISHED,
+    STATUS_DIR_VAR,
     LaunchOutcome,
     bind_to_parent,
     launch_ranks,
@@ -83,6 +84,13 @@ _HELP: dict[str, str] = {
     "(default: 1 with --kill or --preempt, else 0; under torchrun, its --max-restarts)",
     "preempt": "RANK@STEP: rank RANK gets SIGTERM at step STEP of the first attempt; every rank "
     "saves the step they agree on, exits, and the ranks restart and resume from it",
+    "global_batch": "sequences per step, all ranks together (the same run at any world size; "
+    "without it --batch-size is per rank)",
+    "micro_batch": "sequences per forward pass with --global-batch (default: --batch-size)",
+    "exact": "sum gradients as fixed-point integers: the same final bits at any world size "
+    "(needs --global-batch)",
+    "resize": "OLD:NEW@STEP: start OLD ranks, stop them together after step STEP, finish on NEW "
+    "ranks (the demo's own ranks only)",
 }
 
 
@@ -134,14 +142,14 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
     for item in fields(DemoConfig):
         flag = "--" + item.name.replace("_", "-")
         shown = shown_default(item.name)
-        if item.name == "sweep":
+        if item.name in ("sweep", "exact"):
             parser.add_argument(flag, action="store_true", help=_HELP[item.name])
         elif item.name == "out":
             parser.add_argument(flag, type=Path, default=DEFAULT_OUT, help=_HELP["out"] + shown)
         else:
             kinds = {
                 "lr": float, "timeout_s": float, "device": str, "backend": str, "kill": str,
-                "preempt": str,
+                "preempt": str, "resize": str,
             }  # fmt: skip
             kind = kinds.get(item.name, int)
             parser.add_argument(flag, type=kind, default=None, help=_HELP[item.name] + shown)
@@ -237,7 +245,7 @@ def _supervise(config: DemoConfig) -> LaunchOutcome:
     """
     started = time.monotonic()
     attempt = 0
-    outcome = launch_ranks(config, config.world_size, attempt=attempt)
+    outcome = launch_ranks(config, config.world_size_at(attempt), attempt=attempt)
     while _failed(outcome) and outcome.exit_code != 130 and attempt < config.restarts_allowed:
         reason = outcome.message.splitlines()[0]
         record_restart(
@@ -256,7 +264,7 @@ def _supervise(config: DemoConfig) -> LaunchOutcome:
             f"distcompat demo: {reason}; restart {attempt} of {config.restarts_allowed}: "
             "the ranks resume from the newest committed checkpoint\n"
         )
-        outcome = launch_ranks(config, config.world_size, attempt=attempt)
+        outcome = launch_ranks(config, config.world_size_at(attempt), attempt=attempt)
     if attempt:
         print(
             f"distcompat demo: {attempt} restart(s), {time.monotonic() - started:.1f} s in all",
@@ -294,9 +302,16 @@ def run_demo_command(options: argparse.Namespace) -> int:
                     f"--nproc={config.nproc} but {env.launcher} started {env.world_size} "
                     "rank(s); leave --nproc out under a launcher"
                 )
+            if config.resize is not None and STATUS_DIR_VAR not in os.environ:
+                raise DemoConfigError(
+                    f"--resize starts its own ranks on each world size; run it without a "
+                    f"launcher (this process was started by {env.launcher})"
+                )
             _check_kill(config, env.world_size)
             check_launcher_restarts(config)
             return _run_as_rank(config, env)
+        if config.resize is not None and (config.nproc is not None or config.sweep):
+            raise DemoConfigError("--resize names the world sizes: leave out --nproc and --sweep")
         _check_kill(config, config.world_size)
         if config.sweep:
             require_matplotlib()  # before any rank starts

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from distcompat.anysize import BatchSplitError, TrainPlan
 from distcompat.demo._model import GPTConfig
 
 __all__ = ["DemoConfig", "DemoConfigError"]
@@ -34,6 +35,11 @@ class DemoConfig:
     SIGKILL itself at step STEP of the first attempt; ``preempt="RANK@STEP"`` sends it SIGTERM
     instead (every rank saves the agreed step and exits); ``max_restarts`` None means 1 with
     either, else 0 (restarts the demo's own supervisor allows; under torchrun its flag rules).
+    ``global_batch`` (sequences per step, all ranks together) and ``micro_batch`` (sequences per
+    forward; default ``batch_size``) fix the step at every world size; without them
+    ``batch_size`` is per rank, as before. ``exact`` sums gradients as integers (the same bits at
+    any world size; needs ``global_batch``). ``resize="OLD:NEW@STEP"`` starts OLD ranks, stops
+    them together after STEP and finishes on NEW ranks.
 
     Example:
         >>> config = DemoConfig(out=Path("x"), steps=10)
@@ -64,6 +70,10 @@ class DemoConfig:
     kill: str | None = None
     max_restarts: int | None = None
     preempt: str | None = None
+    global_batch: int | None = None
+    micro_batch: int | None = None
+    exact: bool = False
+    resize: str | None = None
 
     def __post_init__(self) -> None:
         positive = (
@@ -96,6 +106,7 @@ class DemoConfig:
             self.preempt_target  # noqa: B018 (validates the flag)
             if self.kill is not None:
                 raise DemoConfigError("--kill and --preempt: give one of them")
+        self._check_sizes()
         if self.timeout_s <= 0:
             raise DemoConfigError(f"--timeout-s={self.timeout_s} must be positive")
         try:
@@ -103,10 +114,96 @@ class DemoConfig:
         except ValueError as exc:
             raise DemoConfigError(f"model sizes (--n-embd, --n-head): {exc}") from exc
 
+    def _check_sizes(self) -> None:
+        """Check the global batch, micro-batch, exact mode and resize flags together."""
+        for name in ("global_batch", "micro_batch"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise DemoConfigError(f"--{_flag(name)}={value} must be at least 1")
+        if self.micro_batch is not None and self.global_batch is None:
+            raise DemoConfigError("--micro-batch needs --global-batch (the step's sequences)")
+        if self.exact and self.global_batch is None:
+            raise DemoConfigError(
+                "--exact needs --global-batch N: the same bits at every world size need a "
+                "step of the same sequences, whatever the number of ranks"
+            )
+        try:
+            plan = self.plan
+        except BatchSplitError as exc:
+            raise DemoConfigError(f"--global-batch/--micro-batch: {exc}") from exc
+        if self.resize is None:
+            return
+        target = self.resize_target
+        assert target is not None  # resize is set
+        old, new, step = target
+        if self.kill is not None or self.preempt is not None:
+            raise DemoConfigError("--resize stops the ranks itself: leave out --kill and --preempt")
+        if plan is not None:
+            for size in (old, new):
+                try:
+                    plan.share(world_size=size, rank=0)
+                except BatchSplitError as exc:
+                    raise DemoConfigError(f"--resize={self.resize}: {exc}") from exc
+        first, last = self.checkpoint_step, self.checkpoint_step + self.resume_compare_steps
+        if first <= step < last:
+            raise DemoConfigError(
+                f"--resize={self.resize}: STEP falls inside the resume check (steps {first + 1}-"
+                f"{last} re-run from step {first}); pick another STEP or --checkpoint-at"
+            )
+
+    @property
+    def plan(self) -> TrainPlan | None:
+        """The run's :class:`TrainPlan` (None without ``global_batch``: per-rank batches).
+
+        Example:
+            >>> DemoConfig(out=Path("x"), global_batch=16, micro_batch=4).plan.micro_batches
+            4
+        """
+        if self.global_batch is None:
+            return None
+        micro = self.batch_size if self.micro_batch is None else self.micro_batch
+        return TrainPlan(global_batch=self.global_batch, micro_batch=micro, seed=self.seed)
+
+    @property
+    def resize_target(self) -> tuple[int, int, int] | None:
+        """``(old, new, step)`` of ``--resize OLD:NEW@STEP``, or None.
+
+        Example:
+            >>> DemoConfig(out=Path("x"), steps=100, resize="2:3@40").resize_target
+            (2, 3, 40)
+        """
+        if self.resize is None:
+            return None
+        sizes, at, step = self.resize.partition("@")
+        old, colon, new = sizes.partition(":")
+        if not (at and colon and old.isdigit() and new.isdigit() and step.isdigit()):
+            raise DemoConfigError(f"--resize={self.resize} must read OLD:NEW@STEP, e.g. 2:3@60")
+        if min(int(old), int(new)) < 1:
+            raise DemoConfigError(f"--resize={self.resize}: world sizes must be at least 1")
+        if not 1 <= int(step) < self.steps:
+            raise DemoConfigError(
+                f"--resize={self.resize}: STEP must be in [1, --steps={self.steps})"
+            )
+        return int(old), int(new), int(step)
+
     @property
     def world_size(self) -> int:
-        """Ranks the demo starts itself when no launcher started it."""
+        """Ranks the demo starts itself when no launcher started it (a resize: OLD)."""
+        if self.resize_target is not None:
+            return self.resize_target[0]
         return 2 if self.nproc is None else self.nproc
+
+    def world_size_at(self, attempt: int) -> int:
+        """Ranks the demo's supervisor starts for ``attempt`` (a resize: NEW after the stop)."""
+        target = self.resize_target
+        if target is not None and attempt > 0:
+            return target[1]
+        return self.world_size
+
+    @property
+    def micro_size(self) -> int:
+        """Sequences per forward pass: ``micro_batch``, else ``batch_size``."""
+        return self.micro_batch if self.micro_batch is not None else self.batch_size
 
     @property
     def checkpoint_step(self) -> int:
@@ -145,6 +242,8 @@ class DemoConfig:
             >>> DemoConfig(out=Path("x"), steps=100, preempt="1@60").preempt_target
             (1, 60)
         """
+        if self.resize_target is not None:  # the resize's stop: rank 0 is told at STEP
+            return 0, self.resize_target[2]
         return None if self.preempt is None else self._rank_at_step("preempt", self.preempt)
 
     def _rank_at_step(self, name: str, value: str) -> tuple[int, int]:
@@ -160,7 +259,8 @@ class DemoConfig:
         """Restarts the demo's own supervisor allows (1 with ``--kill`` or ``--preempt``)."""
         if self.max_restarts is not None:
             return self.max_restarts
-        return 1 if self.kill is not None or self.preempt is not None else 0
+        planned = (self.kill, self.preempt, self.resize)
+        return 1 if any(value is not None for value in planned) else 0
 
     @property
     def resume_compare_steps(self) -> int:

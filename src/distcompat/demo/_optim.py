@@ -26,9 +26,10 @@ future callbacks do local arithmetic only.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +109,7 @@ class ZeroAdamW:
         self._position = {id(slot.param): i for i, slot in enumerate(self._order)}
         self._ready = [False] * len(self._order)
         self._launched = 0
+        self._syncing = True
         self.steps_done = 0
         self.sync_wait_s = 0.0
         self._hooks = self._register_hooks()
@@ -146,6 +148,8 @@ class ZeroAdamW:
         return handles
 
     def _on_grad_ready(self, param: torch.Tensor) -> None:
+        if not self._syncing:  # a micro-batch but the last: the gradient accumulates
+            return
         self._ready[self._position[id(param)]] = True
         while self._launched < len(self._order) and self._ready[self._launched]:
             self._launch(self._order[self._launched])
@@ -213,6 +217,27 @@ class ZeroAdamW:
         self._launched = 0
         self.steps_done += 1
 
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally: backward passes inside launch no reduce-scatter.
+
+        Run every micro-batch of a step but the last inside it (as with DDP's ``no_sync``).
+
+        Example:
+            >>> model = torch.nn.Linear(2, 1, bias=False)
+            >>> opt = ZeroAdamW(model.parameters(), lr=0.1)
+            >>> with opt.no_sync():
+            ...     model(torch.ones(1, 2)).sum().backward()
+            >>> model(torch.ones(1, 2)).sum().backward(); opt.step()
+            >>> model.weight.grad.tolist()
+            [[2.0, 2.0]]
+        """
+        self._syncing = False
+        try:
+            yield
+        finally:
+            self._syncing = True
+
     def zero_grad(self) -> None:
         """Drop the gradients (set them to None), as ``torch.optim`` does by default."""
         for slot in self._slots:
@@ -270,3 +295,40 @@ class ZeroAdamW:
                     )
                 mine.copy_(saved[name])
         self.steps_done = int(state["steps_done"])
+
+    def load_resharded(self, states: Sequence[dict[str, Any]], /) -> None:
+        """Load the states every rank of another world size saved, re-cut for this world size.
+
+        ``states`` are the saving ranks' :meth:`state_dict` in rank order: each parameter's
+        shards are joined into the whole (padding dropped) and this rank's shard is cut from it,
+        so the run continues on any number of ranks with the same master weights and moments.
+
+        Example:
+            >>> opt = ZeroAdamW(torch.nn.Linear(3, 1).parameters(), lr=0.1)
+            >>> opt.load_resharded([opt.state_dict()])
+        """
+        ranks = [state.get("rank") for state in states]
+        sizes = {state.get("world_size") for state in states}
+        if sizes != {len(states)} or ranks != list(range(len(states))):
+            raise OptimizerStateError(
+                f"load_resharded needs every saving rank's state in rank order; got ranks "
+                f"{ranks} of world sizes {sorted(map(str, sizes))}"
+            )
+        steps = {int(state["steps_done"]) for state in states}
+        if len(steps) != 1:
+            raise OptimizerStateError(f"the saving ranks were at different steps: {sorted(steps)}")
+        for index, slot in enumerate(self._slots):
+            numel = slot.param.numel()
+            start = self._rank * slot.shard
+            for name in ("master", "exp_avg", "exp_avg_sq"):
+                whole = torch.cat([state["shards"][index][name] for state in states])[:numel]
+                if whole.numel() != numel:
+                    raise OptimizerStateError(
+                        f"optimizer state {name} of parameter {index} holds {whole.numel()} "
+                        f"elements, the parameter {numel}"
+                    )
+                mine: torch.Tensor = getattr(slot, name)
+                mine.zero_()
+                part = whole[start : start + slot.shard]
+                mine[: part.numel()].copy_(part)
+        self.steps_done = steps.pop()

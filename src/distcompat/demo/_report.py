@@ -148,6 +148,7 @@ class RunReport:
     restart_timings: dict[str, Any] | None = None
     validation: Validation | None = None
     preemptions: list[dict[str, Any]] = field(default_factory=list)
+    sizes: dict[str, Any] = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
@@ -185,7 +186,13 @@ class RunReport:
                 f"global tokens per second over steps {skipped + 1}..{config.steps} "
                 f"({skipped} warm-up step(s) skipped; checkpoint saving not included)"
             ),
-            "tokens_per_step": config.batch_size * config.seq_len * self.info.world_size,
+            "tokens_per_step": (
+                config.batch_size * self.info.world_size
+                if config.global_batch is None
+                else config.global_batch
+            )
+            * config.seq_len,
+            "sizes": self.sizes,
             "allreduce_p50_ms": self.allreduce.p50_ms,
             "allreduce_p95_ms": self.allreduce.p95_ms,
             "allreduce_numel": self.allreduce.numel,
@@ -249,11 +256,25 @@ class RunReport:
                 *_validation_line(self.validation),
                 f"  restarts        {self.restarts}{_restart_line(self.restart_timings)}",
                 *_preemption_line(self.preemptions),
+                *_sizes_line(self.sizes),
                 f"  params sha256   {self.final_params_sha256}",
                 f"  wrote           {self.config.out / 'manifest.json'}, "
                 f"{self.config.out / 'timings.jsonl'}",
             )
         )
+
+
+def _sizes_line(sizes: dict[str, Any]) -> list[str]:
+    """Return the summary's line on the global batch, the mode and a resize (none without)."""
+    if not sizes.get("global_batch_fixed"):
+        return []
+    resized = sizes["resumed_from_world_size"] not in (None, sizes["world_size"])
+    moved = f"; resumed from {sizes['resumed_from_world_size']} rank(s)" if resized else ""
+    return [
+        f"  batch           {sizes['global_batch']} sequences a step in micro-batches of "
+        f"{sizes['micro_batch']} ({sizes['mode']} mode, {sizes['samples_consumed']} consumed"
+        f"{moved})"
+    ]
 
 
 def _validation_line(validation: Validation | None) -> list[str]:

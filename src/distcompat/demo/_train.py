@@ -33,6 +33,7 @@ import torch
 
 import distcompat
 import distcompat.distributed as dist
+from distcompat.anysize import ExactGradients, RankShare, TrainPlan, counter_rng
 from distcompat.checkpoint import load_checkpoint, resume, save_checkpoint, training_state
 from distcompat.data import TokenLoader, write_tokens
 from distcompat.demo._checks import check_replicas, flat_parameters, params_sha256, time_allreduce
@@ -102,13 +103,23 @@ def _endless(loader: TokenLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]
 
 @dataclass(slots=True)
 class Trainer:
-    """A model, its optimizer and its loader, stepped together (one per run or resume)."""
+    """A model, its optimizer and its loader, stepped together (one per run or resume).
+
+    With ``--global-batch`` a step is ``plan.micro_batches`` micro-batches, ``share`` of them on
+    this rank; in exact mode (``exact`` set) the optimizer is a replicated AdamW fed by
+    :class:`~distcompat.anysize.ExactGradients`, else the sharded :class:`ZeroAdamW`.
+    """
 
     config: DemoConfig
     model: GPT
-    optimizer: ZeroAdamW
+    optimizer: ZeroAdamW | torch.optim.AdamW
     loader: TokenLoader
     autocast: Callable[[], contextlib.AbstractContextManager[Any]]
+    share: RankShare
+    plan: TrainPlan | None = None
+    exact: ExactGradients | None = None
+    redone: int = 0
+    sync_wait_s: float = 0.0
     step: int = 0
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)
 
@@ -127,31 +138,72 @@ class Trainer:
                 return contextlib.nullcontext()
             return torch.autocast(device_type=device.type, dtype=dtype)
 
+        plan = config.plan
+        world, rank = distcompat.get_world_size(), distcompat.get_rank()
+        if plan is None:  # per-rank batches: one micro-batch of --batch-size per rank
+            plan_here = TrainPlan(
+                global_batch=config.batch_size * world, micro_batch=config.batch_size
+            )
+            share = plan_here.share(world_size=world, rank=rank)
+        else:
+            share = plan.share(world_size=world, rank=rank)  # BatchSplitError: before training
+        exact = None
+        optimizer: ZeroAdamW | torch.optim.AdamW
+        if config.exact:
+            assert plan is not None  # DemoConfig: --exact needs --global-batch
+            exact = ExactGradients(model, micro_batches=plan.micro_batches)
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
+            )
+        else:
+            optimizer = ZeroAdamW(model.parameters(), lr=lr_schedule(config))
         return cls(
             config=config,
             model=model,
-            optimizer=ZeroAdamW(model.parameters(), lr=lr_schedule(config)),
+            optimizer=optimizer,
             loader=TokenLoader(
                 corpus,
-                batch_size=config.batch_size,
+                batch_size=share.samples,
                 seq_len=config.seq_len,
                 seed=config.seed,
                 device=device,
             ),
             autocast=autocast,
+            share=share,
+            plan=plan,
+            exact=exact,
         )
 
     def state(self, **extra: Any) -> dict[str, Any]:
-        """Return this rank's checkpoint: weights, optimizer shard, loader position, RNG, extra."""
+        """Return this rank's checkpoint: weights, optimizer (shard), loader position, extra.
+
+        No RNG state: the demo draws nothing at random while training, and what would draw
+        (dropout) would take :func:`~distcompat.anysize.counter_rng`, so nothing is per rank.
+        """
+        if self.exact is not None:
+            extra["exact"] = self.exact.state_dict()
         return training_state(
-            model=self.model, optimizer=self.optimizer, loader=self.loader, extra=extra
+            model=self.model,
+            optimizer=self.optimizer,
+            loader=self.loader,
+            plan=self.plan,
+            rng=False,
+            extra=extra,
         )
 
     def load(self, state: dict[str, Any], step: int) -> None:
-        """Restore a :meth:`state` saved after ``step``."""
+        """Restore a :meth:`state` saved after ``step`` (by this rank, at this world size)."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.loader.load_state_dict(state["loader"])
+        self.resumed(step, state.get("extra", {}))
+        if self.plan is not None:
+            self.plan.load_state_dict(state["plan"])
+
+    def resumed(self, step: int, extra: dict[str, Any]) -> None:
+        """Continue after ``step``: the exact-mode bounds from ``extra``, a fresh batch stream."""
+        if self.exact is not None and "exact" in extra:
+            self.exact.load_state_dict(extra["exact"])
         self.step = step
         self.batches = None
 
@@ -162,31 +214,79 @@ class Trainer:
         start = time.perf_counter()
         inputs, targets = next(self.batches)
         fetched = time.perf_counter()
-        with self.autocast():
-            loss = self.model(inputs, targets)
-        mean = loss.detach().float().reshape(1)
-        loss_sync = dist.all_reduce(mean, op=dist.ReduceOp.AVG, async_op=True)
-        loss.backward()  # hooks launch the gradient reduce-scatters while backward runs
-        self.optimizer.step()
-        self.optimizer.zero_grad()
-        loss_sync.wait()
+        size = self.config.micro_size
+        micro = list(zip(torch.split(inputs, size), torch.split(targets, size), strict=True))
+        if self.exact is None:
+            loss_value = self._float_step(micro)
+        else:
+            loss_value = self._exact_step(micro, self.exact)
         end = time.perf_counter()
         self.step += 1
+        if self.plan is not None:
+            self.plan.advance()
         tokens = inputs.numel() * distcompat.get_world_size()
         return StepRecord(
             step=self.step,
-            loss=float(mean.item()),
+            loss=loss_value,
             lr=lr_schedule(self.config)(self.step),
             step_ms=(end - start) * 1e3,
             data_ms=(fetched - start) * 1e3,
-            sync_wait_ms=self.optimizer.sync_wait_s * 1e3,
+            sync_wait_ms=self.sync_wait_s * 1e3,
             tokens=tokens,
             tokens_per_sec=tokens / (end - start),
         )
 
+    def _float_step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Accumulate the micro-batches in float; ZeroAdamW's hooks sync during the last one."""
+        assert isinstance(self.optimizer, ZeroAdamW)
+        total = torch.zeros(1)
+        for index, (inputs, targets) in enumerate(micro):
+            last = index == len(micro) - 1
+            with contextlib.nullcontext() if last else self.optimizer.no_sync():
+                with self.autocast():
+                    loss = self.model(inputs, targets)
+                total += loss.detach().float()
+                if last:  # the loss's all-reduce overlaps the last backward
+                    mean = total / len(micro)
+                    loss_sync = dist.all_reduce(mean, op=dist.ReduceOp.AVG, async_op=True)
+                (loss / len(micro)).backward()  # the last: hooks launch the reduce-scatters
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        loss_sync.wait()
+        self.sync_wait_s = self.optimizer.sync_wait_s
+        return float(mean.item())
+
+    def _exact_step(
+        self, micro: list[tuple[torch.Tensor, torch.Tensor]], exact: ExactGradients
+    ) -> float:
+        """Sum the micro-batches' gradients as integers; redo the step if one outgrew its bound."""
+        assert isinstance(self.optimizer, torch.optim.AdamW)
+        while True:
+            for index, (inputs, targets) in zip(self.share.micro_batches, micro, strict=True):
+                with counter_rng(self.config.seed, self.step, index), self.autocast():
+                    loss = self.model(inputs, targets)
+                exact.add_loss(loss)
+                loss.backward()
+            reduce_start = time.perf_counter()
+            result = exact.reduce()
+            self.sync_wait_s = time.perf_counter() - reduce_start
+            if result.ok:
+                break
+            self.redone += 1
+            _log.info("step %d redone: %s outgrew its bound", self.step + 1, result.overflowed)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_schedule(self.config)(self.step + 1)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        assert result.loss is not None
+        return result.loss
+
     def close(self) -> None:
-        """Detach the optimizer's hooks from the model."""
-        self.optimizer.close()
+        """Detach the optimizer's (or exact mode's) hooks from the model."""
+        if isinstance(self.optimizer, ZeroAdamW):
+            self.optimizer.close()
+        if self.exact is not None:
+            self.exact.close()
 
 
 def _prepare_corpus(config: DemoConfig, *, first_attempt: bool) -> Path:
@@ -320,6 +420,23 @@ def _resume_check(
     }
 
 
+def _sizes(config: DemoConfig, trainer: Trainer, saved_by: int | None) -> dict[str, Any]:
+    """Return the manifest's account of the batch sizes, the mode and a resize."""
+    share = trainer.share
+    return {
+        "global_batch_fixed": config.global_batch is not None,
+        "global_batch": share.samples * share.world_size,
+        "micro_batch": share.micro_batch,
+        "accum_steps": share.accum_steps,
+        "world_size": share.world_size,
+        "mode": "exact" if config.exact else "float",
+        "resize": config.resize,
+        "resumed_from_world_size": saved_by,
+        "samples_consumed": share.samples * share.world_size * trainer.step,
+        "steps_redone_this_attempt": trainer.redone,
+    }
+
+
 def run_rank(config: DemoConfig) -> int:
     """Run the demo on this rank and return its exit code; the caller destroys the group.
 
@@ -345,17 +462,24 @@ def run_rank(config: DemoConfig) -> int:
         model=trainer.model,
         optimizer=trainer.optimizer,
         loader=trainer.loader,
-        world_change="error",  # the optimizer state is sharded per rank
+        plan=trainer.plan,
+        world_change="follow",  # ZeroAdamW's shards are re-cut for another world size
     )
     resumed_at = time.time()
-    trainer.step = resumed.step
+    trainer.resumed(resumed.step, resumed.extra)
     progress = _Progress.from_extra(resumed.extra, attempt)
     dtype = compute_dtype(info.device)
     params = sum(p.numel() for p in trainer.model.parameters())
+    share = trainer.share
+    batch = (
+        f"{config.batch_size}x{config.seq_len} tokens per rank"
+        if config.plan is None
+        else f"{config.global_batch}x{config.seq_len} tokens ({share.accum_steps} micro-batch(es) "
+        f"of {share.micro_batch} per rank{', exact mode' if config.exact else ''})"
+    )
     distcompat.print0(
         f"distcompat demo: {info.world_size} rank(s), {info.backend or 'no group'} on "
-        f"{info.device}, {params / 1e6:.2f}M parameters, {config.steps} steps of "
-        f"{config.batch_size}x{config.seq_len} tokens per rank\n"
+        f"{info.device}, {params / 1e6:.2f}M parameters, {config.steps} steps of {batch}\n"
         f"  {info.reason.replace(chr(10), chr(10) + '  ')}\n  dtype: {dtype.reason}"
         + (f"\n  attempt {attempt}: resumed after step {resumed.step}" if attempt else ""),
         flush=True,
@@ -386,6 +510,7 @@ def run_rank(config: DemoConfig) -> int:
         restarts=attempt,
         preemptions=preemptions(config.out),
         final_params_sha256=params_sha256(trainer.model),
+        sizes=_sizes(config, trainer, resumed.world_size),
         restart_timings=restart_timings(
             config.out,
             attempt=attempt,
