@@ -20,6 +20,9 @@
 * ``torchrun-2node-shrink``: torchrun ``--nnodes=1:2`` on the two namespace nodes, one rank
   each; rank 1 kills its agent and itself (node 1 is lost); node 0's agent restarts alone, and
   the run must finish on 1 rank, resumed from the newest checkpoint, each sample seen once.
+* ``torchrun-2node-shrink-exact``: the same shrink in exact mode (a global batch of 4 at every
+  world size, gradients summed as integers): the run that went on alone on node 0 ends with the
+  parameter bits of an uninterrupted 2-rank run.
 """
 
 from __future__ import annotations
@@ -267,7 +270,7 @@ def openmpi_exits(ctx: Context) -> Verdict:
     )
 
 
-def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
+def _elastic_node(ctx: Context, node: int, out: Path, run_id: str, *extra: str) -> procs.Job:
     """torchrun on namespace node ``node``: ``--nnodes=1:2``, 1 rank, c10d hosted on node 0."""
     assert ctx.nodes is not None, "a two-node case runs inside the namespaces run.py created"
     torchrun = [
@@ -282,7 +285,7 @@ def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
         f"--rdzv-conf=is_host={1 if node == 0 else 0},last_call_timeout=5",
         f"--local-addr={ADDRESSES[node]}",
     ]
-    script = script_argv(out, f"{KILL_RANK}@{KILL_STEP}", "attempt", "--kill-node")
+    script = script_argv(out, f"{KILL_RANK}@{KILL_STEP}", "attempt", "--kill-node", *extra)
     return procs.start(
         ctx.nodes.exec_in(node, [*torchrun, *script]),
         env=node_env(ctx, node),
@@ -291,13 +294,13 @@ def _elastic_node(ctx: Context, node: int, out: Path, run_id: str) -> procs.Job:
     )
 
 
-def torchrun_2node_shrink(ctx: Context) -> Verdict:
+def torchrun_2node_shrink(ctx: Context, *extra: str) -> Verdict:
     """Node 1 is lost mid-run (agent and rank killed); node 0 goes on alone, each sample once."""
     started = time.monotonic()
     out = ctx.work / "shrink"
     out.mkdir(parents=True)
     run_id = f"shrink{time.monotonic_ns() % 10**9}"
-    jobs = [_elastic_node(ctx, node, out, run_id) for node in (0, 1)]
+    jobs = [_elastic_node(ctx, node, out, run_id, *extra) for node in (0, 1)]
     node0, node1 = procs.wait_all(jobs, ctx.timeout)
     seconds = time.monotonic() - started
     result = read_result(out)
@@ -334,6 +337,31 @@ def torchrun_2node_shrink(ctx: Context) -> Verdict:
     )
 
 
+def torchrun_2node_shrink_exact(ctx: Context) -> Verdict:
+    """The shrink in exact mode: node 0 alone ends with an uninterrupted 2-rank run's bits."""
+    exact = ("--exact", str(2 * BATCH))  # the global batch of the 2-rank start
+    shrunk = torchrun_2node_shrink(ctx, *exact)
+    if not shrunk.ok:
+        return shrunk
+    plain_out = ctx.work / "uninterrupted-exact"
+    plain = launch(ctx, plain_out, torchrun_head(ctx), *exact, run="plain")
+    reference, result = read_result(plain_out), read_result(ctx.work / "shrink")
+    if plain.returncode != 0 or reference is None or result is None:
+        return Verdict(ok=False, line=f"FAIL uninterrupted run: exit {plain.returncode}: "
+                       f"{plain.tail()}")  # fmt: skip
+    if reference["sha256"] != result["sha256"]:
+        return Verdict(
+            ok=False,
+            line=f"FAIL parameters {result['sha256'][:12]} after the shrink, "
+            f"{reference['sha256'][:12]} uninterrupted on 2 ranks",
+        )
+    return Verdict(
+        ok=True,
+        line=f"{shrunk.line.removesuffix(')')}; exact mode: the bits of an uninterrupted "
+        f"2-rank run, sha256 {result['sha256'][:12]})",
+    )
+
+
 RESTARTS = (
     Restart(name="torchrun-elastic", timeout=240, run=torchrun_elastic),
     Restart(
@@ -350,4 +378,10 @@ RESTARTS = (
     ),
     Restart(name="slurm-rerun", timeout=240, run=slurm_rerun, needs="slurm"),
     Restart(name="torchrun-2node-shrink", timeout=240, run=torchrun_2node_shrink, needs="netns"),
+    Restart(
+        name="torchrun-2node-shrink-exact",
+        timeout=300,
+        run=torchrun_2node_shrink_exact,
+        needs="netns",
+    ),
 )

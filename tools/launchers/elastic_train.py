@@ -24,6 +24,10 @@ cases of ``preempted.py`` signal the job mid-run). Each rank writes its pid to
 after each step (the numbers stay the same), so that a signal lands mid-run. ``--hold-at S``:
 a run that has not passed step S waits there, asking ``should_stop`` every 0.2 s, until a stop
 signal comes (a job whose time-limit warning falls mid-run, at a moment Slurm picks).
+
+``--exact N``: a global batch of N samples a step at every world size (``TrainPlan``, one
+sample per micro-batch), each sample's gradient summed as integers (``ExactGradients``): the
+final parameters have the same bits at any world size, also after a shrink.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import NoReturn
 import torch
 
 import distcompat
+from distcompat.anysize import ExactGradients, TrainPlan
 from distcompat.checkpoint import atomic_write_json, resume, save_checkpoint, training_state
 from distcompat.data import ShardedSampler
 from distcompat.preemption import Preemption
@@ -98,6 +103,7 @@ def main() -> int:
     parser.add_argument("--preempt", action="store_true", help="stop together when signalled")
     parser.add_argument("--step-s", type=float, default=0.0, help="sleep after each step")
     parser.add_argument("--hold-at", type=int, default=0, help="wait at this step for a signal")
+    parser.add_argument("--exact", type=int, default=0, help="a global batch, summed exactly")
     args = parser.parse_args()
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if "TORCHELASTIC_RESTART_COUNT" in os.environ:
@@ -108,7 +114,14 @@ def main() -> int:
     model = Model(args.samples)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     sampler = ShardedSampler(range(args.samples), shuffle=True, seed=5, mode="drop")
+    exact = None
+    if args.exact:  # the same global batch at every size: each rank takes its share
+        plan = TrainPlan(global_batch=args.exact, micro_batch=1)
+        args.batch = plan.share().samples
+        exact = ExactGradients([model.weight], micro_batches=plan.micro_batches)
     resumed = resume(args.out / "ckpt", model=model, optimizer=optimizer, loader=sampler)
+    if exact is not None and "exact" in resumed.extra:
+        exact.load_state_dict(resumed.extra["exact"])
     preemption = Preemption(grace_s=20) if args.preempt else None
     if preemption is not None:
         (args.out / f"pid-{args.tag}-{info.rank}").write_text(str(os.getpid()), encoding="utf-8")
@@ -124,17 +137,30 @@ def main() -> int:
                 os.kill(os.getppid(), signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
         inputs, targets = batch(mine)
-        loss = ((inputs @ model.weight - targets) ** 2).mean()
-        loss.backward()  # type: ignore[no-untyped-call]
-        assert model.weight.grad is not None
-        distcompat.all_reduce(model.weight.grad)
-        model.weight.grad /= info.world_size
+        if exact is None:
+            loss = ((inputs @ model.weight - targets) ** 2).mean()
+            loss.backward()  # type: ignore[no-untyped-call]
+            assert model.weight.grad is not None
+            distcompat.all_reduce(model.weight.grad)
+            model.weight.grad /= info.world_size
+        else:
+            while True:  # one micro-batch a sample; redone if a gradient outgrew its bound
+                for row in range(len(mine)):
+                    loss = ((inputs[row] @ model.weight - targets[row]) ** 2).mean()
+                    exact.add_loss(loss)
+                    loss.backward()  # type: ignore[no-untyped-call]
+                reduced = exact.reduce()
+                if reduced.ok:
+                    assert reduced.loss is not None
+                    loss = torch.tensor(reduced.loss * info.world_size)  # logged / world_size
+                    break
         counts = torch.zeros(args.samples, dtype=torch.int64)
         counts[mine] = 1
         distcompat.all_reduce(counts)
         model.seen += counts
         mean = loss.detach().reshape(1)
-        distcompat.all_reduce(mean)
+        if exact is None:
+            distcompat.all_reduce(mean)
         optimizer.step()
         optimizer.zero_grad()
         if info.rank == 0:
@@ -142,8 +168,11 @@ def main() -> int:
                 line = {"run": args.tag, "step": step, "loss": mean.item() / info.world_size}
                 log.write(json.dumps(line) + "\n")
         saved = step % args.every == 0
-        if saved:
-            state = training_state(model=model, optimizer=optimizer, loader=sampler)
+        extra: dict[str, object] = {} if exact is None else {"exact": exact.state_dict()}
+        if saved:  # no RNG state: the inputs come from per-sample generators
+            state = training_state(
+                model=model, optimizer=optimizer, loader=sampler, rng=False, extra=extra
+            )
             save_checkpoint(args.out / "ckpt", step, state, keep_last=2)
         if preemption is not None:
             time.sleep(args.step_s)
@@ -153,8 +182,10 @@ def main() -> int:
                 stop_now = preemption.should_stop(step)
             if stop_now:
 
-                def save(step: int = step) -> None:
-                    state = training_state(model=model, optimizer=optimizer, loader=sampler)
+                def save(step: int = step, extra: dict[str, object] = extra) -> None:
+                    state = training_state(
+                        model=model, optimizer=optimizer, loader=sampler, rng=False, extra=extra
+                    )
                     save_checkpoint(args.out / "ckpt", step, state, keep_last=2)
 
                 stop_file = args.out / f"stop-{args.tag}-{info.rank}.json"
