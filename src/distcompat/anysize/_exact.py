@@ -37,7 +37,7 @@ replicated (plain or DDP); FSDP2's sharded parameters are refused (:class:`Exact
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,13 +200,11 @@ class ExactGradients:
                 all_reduce(flat, dist.ReduceOp.SUM, self._group)
                 pending.wait()
             loss = self._loss_mean(flat[-1:])
-            if self._fits(maxes):
-                offset = 0
-                for param, acc, e in zip(self._params, self._accs, self._exponents, strict=True):
-                    total = flat[offset : offset + acc.numel()]
-                    offset += acc.numel()
-                    grad = dequantize(total, e, divisor=self.divisor, dtype=param.dtype)
-                    param.grad = grad.view_as(param)
+            everything = range(len(self._params))
+            if self._fits(everything, maxes):
+                for i, mean in self._means(everything, flat):
+                    param = self._params[i]
+                    param.grad = mean.to(param.dtype).view_as(param)
         return self._conclude(maxes, loss)
 
     def ddp_comm_hook(
@@ -239,19 +237,12 @@ class ExactGradients:
             self._reduced[idx] = maxes
             if last:
                 self._ddp_loss = self._loss_mean(flat[-1:])
-            if not all(maxes[k].item() <= self._bounds[i] for k, i in enumerate(idx)):
+            if not self._fits(idx, maxes):
                 return buffer.zero_()  # the step is redone; reduce() says so
             offset = 0
-            for i in idx:
-                size = self._accs[i].numel()
-                mean = dequantize(
-                    flat[offset : offset + size],
-                    self._exponents[i],
-                    divisor=self.divisor,
-                    dtype=buffer.dtype,
-                )
-                buffer[offset : offset + size].copy_(mean)
-                offset += size
+            for _, mean in self._means(idx, flat):
+                buffer[offset : offset + mean.numel()].copy_(mean)
+                offset += mean.numel()
             return buffer
 
         return future.then(settle)
@@ -263,8 +254,21 @@ class ExactGradients:
             dequantize(total, LOSS_EXPONENT, divisor=self.micro_batches, dtype=torch.float64)
         )
 
-    def _fits(self, maxes: torch.Tensor) -> bool:
-        return all(m <= b for m, b in zip(maxes.tolist(), self._bounds, strict=True))
+    def _fits(self, idx: Sequence[int], maxes: torch.Tensor) -> bool:
+        """Whether every tensor ``idx[k]`` stayed within its bound (``maxes[k]``, all-reduced)."""
+        return all(m <= self._bounds[i] for i, m in zip(idx, maxes.tolist(), strict=True))
+
+    def _means(self, idx: Sequence[int], flat: torch.Tensor) -> Iterator[tuple[int, torch.Tensor]]:
+        """Each tensor's mean (float64, flat) from its summed integers, laid out in ``flat``."""
+        offset = 0
+        for i in idx:
+            size = self._accs[i].numel()
+            total = flat[offset : offset + size]
+            offset += size
+            yield (
+                i,
+                dequantize(total, self._exponents[i], divisor=self.divisor, dtype=torch.float64),
+            )
 
     def _conclude(self, maxes: torch.Tensor, loss: float | None) -> ExactStep:
         """Check the global maxima, set the next step's bounds, clear the accumulators."""
