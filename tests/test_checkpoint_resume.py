@@ -431,6 +431,38 @@ def test_per_rank_state_that_is_not_reshardable_is_refused_on_every_rank(
     assert all(_equal(model, saved[0]) for _, model in unchecked)
 
 
+def _rank_save_two_steps(root: str) -> None:
+    for step in (1, 2):
+        save_checkpoint(root, step, training_state(model=_mlp(step), rng=False))
+
+
+def _rank_resume_model(root: str) -> tuple[int, tuple[str, ...], bool]:
+    model = _mlp(0)
+    resumed = resume(root, model=model)
+    return resumed.step, resumed.skipped, _equal(model.state_dict(), _mlp(1).state_dict())
+
+
+def test_a_damaged_file_of_another_saving_rank_drops_the_step_on_every_rank(
+    tmp_path: Path, run_on_ranks: Runner
+) -> None:
+    """Saving rank 1's file of step 2 is damaged after its commit (same size): on 3 ranks the
+    rank that reads it for the check fails its SHA-256, the outcome is gathered, and every rank
+    resumes from step 1 instead, naming why step 2 was skipped."""
+    run_on_ranks(_rank_save_two_steps, 2, args=(str(tmp_path),))
+    path = tmp_path / "step-2" / "rank-00001.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    results = run_on_ranks(_rank_resume_model, 3, args=(str(tmp_path),))
+    for step, skipped, restored in results:
+        assert step == 1
+        assert restored
+        assert any(
+            note.startswith("step-2: rank 1: CheckpointCorruptError") and "rank-00001.pt" in note
+            for note in skipped
+        ), skipped
+
+
 class _Records(logging.Handler):
     def __init__(self, level: int) -> None:
         super().__init__(level)
@@ -455,7 +487,7 @@ def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], 
         error = str(exc)
     finally:
         logger.removeHandler(handler)
-    said = [f"{w.category.__name__}: {w.message}" for w in caught]
+    said = [f"{w.category.__name__}: {w.message} [{Path(w.filename).name}]" for w in caught]
     return said, [r.getMessage() for r in records if r.levelno >= logging.WARNING], error
 
 
@@ -481,6 +513,7 @@ def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
         assert said[0].startswith("RngStateWarning: resume("), said
         assert "saved per rank by 2 rank(s) and are not restored on 3 rank(s)" in said[0]
         assert "Counter-based RNG" in said[0]
+        assert said[0].endswith("[test_checkpoint_resume.py]")  # it points at resume's caller
         assert len(logged) == (1 if rank == 0 else 0), logged
     assert "saved per rank by 2 rank(s)" in warned[0][1][0]
 
