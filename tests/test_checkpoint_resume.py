@@ -472,7 +472,9 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
-def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], str]:
+def _rank_resume_rng(
+    root: str, rng_change: str, world_change: str = "follow"
+) -> tuple[list[str], list[str], str]:
     """Resume, recording warnings, this rank's WARNING log lines and the error raised."""
     handler = _Records(logging.WARNING)
     records = handler.records
@@ -481,7 +483,7 @@ def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            resume(root, model=_mlp(1), rng_change=rng_change)  # type: ignore[arg-type]
+            resume(root, model=_mlp(1), rng_change=rng_change, world_change=world_change)  # type: ignore[arg-type]
         error = ""
     except PerRankStateError as exc:
         error = str(exc)
@@ -500,8 +502,9 @@ def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
     tmp_path: Path, run_on_ranks: Runner
 ) -> None:
     """RNG states saved by 2 ranks, resumed on 3: a RngStateWarning on every rank and a WARNING
-    on rank 0's log by default; PerRankStateError naming the key with ``rng_change="error"``;
-    nothing at all for a checkpoint saved with ``rng=False``."""
+    on rank 0's log by default; PerRankStateError naming the key with ``rng_change="error"``
+    (with ``world_change="rank0"`` too: never silence); nothing at all for a checkpoint saved
+    with ``rng=False``."""
     with_rng, without = str(tmp_path / "rng"), str(tmp_path / "none")
     run_on_ranks(_rank_save_rng, 2, args=(with_rng, True))
     run_on_ranks(_rank_save_rng, 2, args=(without, False))
@@ -520,6 +523,9 @@ def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
     refused = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "error"))
     assert all(said == [] and 'RNG states (key "rng")' in error for said, _, error in refused)
     assert len({error for _, _, error in refused}) == 1
+
+    unchecked = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "error", "rank0"))
+    assert all('RNG states (key "rng")' in error for _, _, error in unchecked)  # rank0 too
 
     quiet = run_on_ranks(_rank_resume_rng, 3, args=(without, "error"))
     assert quiet == [([], [], "")] * 3
