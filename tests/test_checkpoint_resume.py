@@ -4,6 +4,9 @@ Single-process behaviour runs in this process. Agreement between ranks runs on r
 through ``run_on_ranks``. Kills are real: ``tests/_resume_script.py`` runs as one process per
 rank (torchrun's worker contract, ``_rank_processes.run_ranks``), a rank SIGKILLs itself, and a
 second launch of the same script resumes; its result is compared with an uninterrupted launch.
+Resumes on another world size save with real gloo ranks at one size and resume at another (warm
+``run_on_ranks`` pools); the 1 -> 4 and 4 -> 1 cases are marked ``anysize`` (their own nox
+session).
 """
 
 from __future__ import annotations
