@@ -4,6 +4,9 @@ Single-process behaviour runs in this process. Agreement between ranks runs on r
 through ``run_on_ranks``. Kills are real: ``tests/_resume_script.py`` runs as one process per
 rank (torchrun's worker contract, ``_rank_processes.run_ranks``), a rank SIGKILLs itself, and a
 second launch of the same script resumes; its result is compared with an uninterrupted launch.
+Resumes on another world size save with real gloo ranks at one size and resume at another (warm
+``run_on_ranks`` pools); the 1 -> 4 and 4 -> 1 cases are marked ``anysize`` (their own nox
+session).
 """
 
 from __future__ import annotations
@@ -431,6 +434,38 @@ def test_per_rank_state_that_is_not_reshardable_is_refused_on_every_rank(
     assert all(_equal(model, saved[0]) for _, model in unchecked)
 
 
+def _rank_save_two_steps(root: str) -> None:
+    for step in (1, 2):
+        save_checkpoint(root, step, training_state(model=_mlp(step), rng=False))
+
+
+def _rank_resume_model(root: str) -> tuple[int, tuple[str, ...], bool]:
+    model = _mlp(0)
+    resumed = resume(root, model=model)
+    return resumed.step, resumed.skipped, _equal(model.state_dict(), _mlp(1).state_dict())
+
+
+def test_a_damaged_file_of_another_saving_rank_drops_the_step_on_every_rank(
+    tmp_path: Path, run_on_ranks: Runner
+) -> None:
+    """Saving rank 1's file of step 2 is damaged after its commit (same size): on 3 ranks the
+    rank that reads it for the check fails its SHA-256, the outcome is gathered, and every rank
+    resumes from step 1 instead, naming why step 2 was skipped."""
+    run_on_ranks(_rank_save_two_steps, 2, args=(str(tmp_path),))
+    path = tmp_path / "step-2" / "rank-00001.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    results = run_on_ranks(_rank_resume_model, 3, args=(str(tmp_path),))
+    for step, skipped, restored in results:
+        assert step == 1
+        assert restored
+        assert any(
+            note.startswith("step-2: rank 1: CheckpointCorruptError") and "rank-00001.pt" in note
+            for note in skipped
+        ), skipped
+
+
 class _Records(logging.Handler):
     def __init__(self, level: int) -> None:
         super().__init__(level)
@@ -440,7 +475,9 @@ class _Records(logging.Handler):
         self.records.append(record)
 
 
-def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], str]:
+def _rank_resume_rng(
+    root: str, rng_change: str, world_change: str = "follow"
+) -> tuple[list[str], list[str], str]:
     """Resume, recording warnings, this rank's WARNING log lines and the error raised."""
     handler = _Records(logging.WARNING)
     records = handler.records
@@ -449,13 +486,13 @@ def _rank_resume_rng(root: str, rng_change: str) -> tuple[list[str], list[str], 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            resume(root, model=_mlp(1), rng_change=rng_change)  # type: ignore[arg-type]
+            resume(root, model=_mlp(1), rng_change=rng_change, world_change=world_change)  # type: ignore[arg-type]
         error = ""
     except PerRankStateError as exc:
         error = str(exc)
     finally:
         logger.removeHandler(handler)
-    said = [f"{w.category.__name__}: {w.message}" for w in caught]
+    said = [f"{w.category.__name__}: {w.message} [{Path(w.filename).name}]" for w in caught]
     return said, [r.getMessage() for r in records if r.levelno >= logging.WARNING], error
 
 
@@ -468,8 +505,9 @@ def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
     tmp_path: Path, run_on_ranks: Runner
 ) -> None:
     """RNG states saved by 2 ranks, resumed on 3: a RngStateWarning on every rank and a WARNING
-    on rank 0's log by default; PerRankStateError naming the key with ``rng_change="error"``;
-    nothing at all for a checkpoint saved with ``rng=False``."""
+    on rank 0's log by default; PerRankStateError naming the key with ``rng_change="error"``
+    (with ``world_change="rank0"`` too: never silence); nothing at all for a checkpoint saved
+    with ``rng=False``."""
     with_rng, without = str(tmp_path / "rng"), str(tmp_path / "none")
     run_on_ranks(_rank_save_rng, 2, args=(with_rng, True))
     run_on_ranks(_rank_save_rng, 2, args=(without, False))
@@ -481,12 +519,16 @@ def test_per_rank_rng_states_warn_or_raise_on_another_world_size(
         assert said[0].startswith("RngStateWarning: resume("), said
         assert "saved per rank by 2 rank(s) and are not restored on 3 rank(s)" in said[0]
         assert "Counter-based RNG" in said[0]
+        assert said[0].endswith("[test_checkpoint_resume.py]")  # it points at resume's caller
         assert len(logged) == (1 if rank == 0 else 0), logged
     assert "saved per rank by 2 rank(s)" in warned[0][1][0]
 
     refused = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "error"))
     assert all(said == [] and 'RNG states (key "rng")' in error for said, _, error in refused)
     assert len({error for _, _, error in refused}) == 1
+
+    unchecked = run_on_ranks(_rank_resume_rng, 3, args=(with_rng, "error", "rank0"))
+    assert all('RNG states (key "rng")' in error for _, _, error in unchecked)  # rank0 too
 
     quiet = run_on_ranks(_rank_resume_rng, 3, args=(without, "error"))
     assert quiet == [([], [], "")] * 3

@@ -252,29 +252,16 @@ def resume(
             skipped.append(f"step-{step}: {'; '.join(failed)}")
             continue
         assert own is not None
-        where = f"{what}: step {step}"
-        if own.other and world_change == "follow":  # the same fingerprints, the same verdict
-            prints: Prints = {}
-            for gathered in outcomes:
-                prints.update(gathered.prints)
-            check_replicated(
-                prints,
-                own.checked,
-                saved_world=own.world_size,
-                world_size=group.world_size,
-                where=where,
-            )
-        restore_rng = rng and "rng" in own.state
-        if restore_rng and own.other:
-            restore_rng = False
-            message = rng_message(own.world_size, group.world_size)
-            if rng_change == "error":
-                raise PerRankStateError(
-                    f"{where}: {message} (rng_change='error'; 'warn' continues without them)"
-                )
-            warnings.warn(f"{where}: {message}", RngStateWarning, stacklevel=2)
-            if group.rank == 0:
-                _log.warning("resume: %s", message)
+        restore_rng = _check_world_change(
+            own,
+            outcomes,
+            where=f"{what}: step {step}",
+            rank=group.rank,
+            world_size=group.world_size,
+            world_change=world_change,
+            rng=rng,
+            rng_change=rng_change,
+        )
         _restore(own, objects)
         if restore_rng:
             set_rng_state(own.state["rng"])
@@ -296,6 +283,45 @@ def resume(
         skipped=tuple(skipped),
         seconds=time.perf_counter() - started,
     )
+
+
+def _check_world_change(
+    own: _Own,
+    outcomes: list[_Loaded],
+    *,
+    where: str,
+    rank: int,
+    world_size: int,
+    world_change: str,
+    rng: bool,
+    rng_change: str,
+) -> bool:
+    """Check, on every rank alike, what a step saved by another world size may restore.
+
+    Raises :class:`PerRankStateError` for state that differs across the saving ranks (from the
+    gathered fingerprints: every rank reaches the same verdict) and, with ``rng_change="error"``,
+    for per-rank RNG states; warns for those otherwise. Returns whether to restore the RNG.
+    """
+    if own.other and world_change == "follow":
+        prints: Prints = {}
+        for gathered in outcomes:
+            prints.update(gathered.prints)
+        check_replicated(
+            prints, own.checked, saved_world=own.world_size, world_size=world_size, where=where
+        )
+    if not (rng and "rng" in own.state):
+        return False
+    if not own.other:
+        return True
+    message = rng_message(own.world_size, world_size)
+    if rng_change == "error":
+        raise PerRankStateError(
+            f"{where}: {message} (rng_change='error'; 'warn' continues without them)"
+        )
+    warnings.warn(f"{where}: {message}", RngStateWarning, stacklevel=3)  # resume's caller
+    if rank == 0:
+        _log.warning("resume: %s", message)
+    return False
 
 
 def _load_step(

@@ -111,6 +111,9 @@ def read_saving_ranks(
     states: dict[str, list[Any]] = {name: [] for name in resharded}
     for saved in range(saved_world):
         mine = saved % world_size == rank
+        if mine and not checked:
+            prints[saved] = {}  # nothing to compare: no need to read it for the check
+            mine = False
         if not mine and not resharded:
             continue
         state = (
@@ -142,7 +145,7 @@ def check_replicated(
     problems = []
     for name in checked:
         if name not in prints[0]:
-            continue  # not in the checkpoint: restoring it names that
+            continue  # not in rank 0's file: the load refused it already
         first = prints[0][name]
         keys: dict[str, None] = {}  # ordered as in rank 0's state, then any others
         ranks = []
