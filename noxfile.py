@@ -27,7 +27,8 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    "tests", "comparisons", "anysize", "conformance", "lint", "typing", "docs", "launchers", "build",
+    "tests", "comparisons", "anysize", "conformance", "lint", "typing", "docs", "launchers",
+    "build",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
