@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from distcompat.anysize import (
@@ -89,6 +89,7 @@ def test_counter_rng_restores_the_default_generator() -> None:
     values=st.lists(st.floats(-1e3, 1e3, allow_nan=False, width=32), min_size=2, max_size=12),
     split=st.integers(1, 11),
 )
+@example(values=[0.0, 1.401298464324817e-45], split=1)  # a subnormal: 2**-e beyond float32
 def test_fixed_point_sums_have_the_same_bits_in_any_order_and_split(
     values: list[float], split: int
 ) -> None:

@@ -30,6 +30,8 @@ __all__ = ["LOSS_EXPONENT", "MIN_BOUND", "dequantize", "exponent", "quantize", "
 _SUM_BITS = 62
 #: The smallest bound a tensor gets (float32's smallest normal): keeps ``2**-e`` finite.
 MIN_BOUND = 2.0**-126
+#: The largest power of two float32 holds (a larger scale would read as inf).
+_FLOAT32_MAX_EXPONENT = 127
 #: The exponent of a logged loss: 32 fractional bits, losses summed up to 2**30 / terms.
 LOSS_EXPONENT = -32
 
@@ -64,13 +66,15 @@ def quantize(values: torch.Tensor, e: int) -> torch.Tensor:
 
     Scaling by a power of two is exact in float32 as in float64 (the result stays below
     ``2**63``, far inside float32's range), and so is rounding to an integer and converting it:
-    float32, float16 and bfloat16 values are scaled in float32, float64 ones in float64.
+    float32, float16 and bfloat16 values are scaled in float32 while ``2**-e`` is a float32
+    number (tiny bounds, below ``2**-65``, need a larger one), else in float64.
 
     Example:
         >>> quantize(torch.tensor([0.75, -1.5]), -2)
         tensor([ 3, -6])
     """
-    wide = torch.float64 if values.dtype == torch.float64 else torch.float32
+    narrow = values.dtype != torch.float64 and -e <= _FLOAT32_MAX_EXPONENT
+    wide = torch.float32 if narrow else torch.float64
     scaled = values.detach().to(wide) * math.ldexp(1.0, -e)
     return scaled.round_().to(torch.int64)
 
