@@ -62,7 +62,9 @@ def tests(session: nox.Session) -> None:
     """The whole test suite on gloo multi-process groups (no GPU needed)."""
     install(session, "tests")
     # -m replaces pyproject's: the plain-gloo comparisons run in their own session
-    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize", *session.posargs)
+    # --durations: the slowest items, to keep the session under its 10-minute goal
+    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize", "--durations=15",
+                *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON)
