@@ -116,3 +116,17 @@ def test_a_remote_peer_is_named_only_by_an_unambiguous_address(
     message: str, shared: bool, expected: list[int]
 ) -> None:
     assert run_on_ranks(_name_from_address, 3, args=(message, shared))[0] == expected
+
+
+def test_a_process_out_of_file_descriptors_reads_no_peer_as_dead() -> None:
+    """EMFILE on /proc is no evidence that a process ended (it read as "gone" before)."""
+    from _no_fds import no_fds
+    from distcompat.collectives._peers import UNKNOWN
+
+    me = Identity.here()
+    with no_fds():
+        state = _stat(me.pid)
+        dead = _dead(me)
+    assert state == (UNKNOWN, 0)
+    assert not dead
+    assert _stat(me.pid)[0] in "RS"  # read again once descriptors are free

@@ -58,6 +58,7 @@ __all__ = [
     "own_farewell",
     "publish",
     "quick_store",
+    "rendezvous_store",
     "same_machine",
     "stopped_peers",
     "watcher",
@@ -149,17 +150,44 @@ def _read(path: str) -> str:
 
 
 def _machine() -> str:
+    """Return this process's boot id + pid namespace ("" where they cannot be read).
+
+    Kept once read: they never change for a process, and reading them takes two file
+    descriptors, which a process out of them (``EMFILE``) does not have.
+    """
+    global _this_machine
+    if _this_machine:
+        return _this_machine
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
         namespace = ""
     boot = _read("/proc/sys/kernel/random/boot_id")
-    return f"{boot}/{namespace}" if boot and namespace else ""
+    found = f"{boot}/{namespace}" if boot and namespace else ""
+    if found:
+        _this_machine = found
+    return found
+
+
+_this_machine = ""
+#: The state letter of a process whose ``/proc`` entry exists but could not be read (no file
+#: descriptor left, ``EMFILE``): not known to be dead, so never reported as ended.
+UNKNOWN = "?"
 
 
 def _stat(pid: int) -> tuple[str, int]:
-    """Return (state letter, start time) of ``pid`` from /proc, or ("", 0) if there is none."""
-    text = _read(f"/proc/{pid}/stat")
+    """Return (state letter, start time) of ``pid`` from /proc, or ("", 0) if there is none.
+
+    ("?", 0) when it exists but cannot be read (this process is out of file descriptors): only
+    a missing entry is evidence that a process ended.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            text = handle.read().strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return "", 0
+    except OSError:
+        return UNKNOWN, 0
     fields = text.rpartition(")")[2].split()  # the command name may hold spaces and parens
     if len(fields) < 20:
         return "", 0
@@ -189,6 +217,16 @@ def _store() -> Any:
         return getter()
     except (RuntimeError, ValueError):
         return None
+
+
+def rendezvous_store() -> Any:
+    """Return the default group's store, or None (no group).
+
+    Example:
+        >>> rendezvous_store() is None
+        True
+    """
+    return _store()
 
 
 def publish(rank: int | None = None, *, port: int = 0) -> None:
@@ -389,7 +427,10 @@ def is_alive(peer: Identity) -> bool:
 
 
 def _dead(peer: Identity) -> bool:
+    """Return True on evidence that ``peer``'s process ended: gone, a zombie, or another's pid."""
     state, start = _stat(peer.pid)
+    if state == UNKNOWN:  # /proc could not be read here: no evidence either way
+        return False
     return state in ("", "Z", "X") or start != peer.start
 
 
