@@ -22,7 +22,14 @@ from pathlib import Path
 import pytest
 
 from _two_hosts import Ran, needs_namespaces, run_pair, two_nodes
-from distcompat.collectives._peer_links import Ended, Links, all_linked, linked
+from distcompat.collectives._peer_links import (
+    Ended,
+    Links,
+    all_linked,
+    job_secret,
+    linked,
+    unproven_cap,
+)
 from distcompat.collectives._peers import LEFT, Identity
 from distcompat.testing import run_on_ranks
 
@@ -134,13 +141,18 @@ def _identity(pid: int, port: int) -> Identity:
     return Identity("other", "elsewhere", pid, 0, ("127.0.0.1", *Identity.here().addrs), port)
 
 
+SECRET = b"0123456789abcdef" * 4
+
+
 def _serve_one(links: Links) -> int | None:
-    """Accept one link and read its hello (which answers it); return its fd (None: refused)."""
+    """Accept one link and read its greeting and proof; return its fd (None: refused)."""
     if not select.select([links.listener], [], [], 5)[0]:
         return None
     fd = links.accept()
-    if fd is not None and select.select([fd], [], [], 5)[0]:
-        heard = links.read(fd)  # None: the hello, answered
+    while fd is not None and links.links[fd].rank is None:
+        if not select.select([fd], [], [], 5)[0]:
+            return None
+        heard = links.read(fd)  # None: a greeting answered, or a proof taken
         if heard is not None:  # a stranger, dropped: no rank, so no loss to record
             assert heard == Ended(None, "")
             return None
@@ -160,7 +172,7 @@ def _ended(links: Links, fd: int) -> Ended | None:
 def pair() -> Iterator[tuple[Links, Links]]:
     if not [a for a in Identity.here().addrs if not a.startswith("127.")]:
         pytest.skip("no address but loopback (a link never dials loopback)")
-    low, high = Links(0, 2), Links(1, 2)
+    low, high = Links(0, 2, SECRET), Links(1, 2, SECRET)
     yield low, high
     low.close(LEFT)
     high.close(LEFT)
@@ -227,3 +239,139 @@ def test_a_job_on_one_machine_opens_no_port() -> None:
     rank listens for links, so no port is open to the network."""
     for ports in run_on_ranks(_published_ports, 2):
         assert ports == [0, 0]
+
+
+# --- strangers: what a connection must prove, by when, and how many may wait ----------------
+
+
+def test_a_peer_without_the_jobs_secret_is_refused_on_both_sides() -> None:
+    """Another job's rank (its own secret) at the right address, rank and pid: no link."""
+    if not [a for a in Identity.here().addrs if not a.startswith("127.")]:
+        pytest.skip("no address but loopback (a link never dials loopback)")
+    low, high = Links(0, 2, b"another job's secret"), Links(1, 2, SECRET)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            served = pool.submit(_serve_one, high)
+            assert low.dial(1, _identity(os.getpid(), high.port)) is None
+            assert served.result() is None
+        assert low.links == {}
+        assert high.links == {}
+    finally:
+        low.close(LEFT)
+        high.close(LEFT)
+
+
+def _stranger(links: Links, payload: bytes) -> socket.socket:
+    """Connect to ``links``' listener, send ``payload``, and have the listener take it."""
+    stranger = socket.create_connection(("127.0.0.1", links.port), timeout=5)
+    if payload:
+        stranger.sendall(payload)
+    assert select.select([links.listener], [], [], 5)[0]
+    assert links.accept() is not None
+    return stranger
+
+
+def _closed_by_listener(stranger: socket.socket) -> bool:
+    """Whether the listener closed ``stranger``'s connection (end of file, or a reset)."""
+    stranger.settimeout(5)
+    try:
+        while stranger.recv(4096):  # a challenge may come first
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_bytes_that_are_not_a_greeting_are_dropped_at_once(pair: tuple[Links, Links]) -> None:
+    _, high = pair
+    with _stranger(high, b"GET / HTTP/1.1\r\n") as stranger:
+        (fd,) = high.links
+        assert select.select([fd], [], [], 5)[0]
+        assert high.read(fd) == Ended(None, "")
+        assert high.links == {}
+        assert _closed_by_listener(stranger)
+
+
+def test_a_forged_greeting_without_the_proof_ends_with_no_loss(pair: tuple[Links, Links]) -> None:
+    """The right rank and pids (a stranger sees every pid on the host), a made-up proof."""
+    _, high = pair
+    greeting = f"distcompat-link2 0 {os.getpid()} 1 {os.getpid()} {'ab' * 16}\n".encode()
+    with _stranger(high, greeting) as stranger:
+        (fd,) = high.links
+        assert select.select([fd], [], [], 5)[0]
+        assert high.read(fd) is None  # answered with a challenge: not proven
+        assert high.links[fd].rank is None
+        stranger.sendall(b"0" * 64 + b"\n")
+        assert select.select([fd], [], [], 5)[0]
+        assert high.read(fd) == Ended(None, "")  # no rank: no loss is recorded
+        assert _closed_by_listener(stranger)
+
+
+def test_an_idle_connection_is_closed_at_its_handshake_deadline(
+    pair: tuple[Links, Links], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distcompat.collectives import _peer_links
+
+    monkeypatch.setattr(_peer_links, "HANDSHAKE_S", 0.2)
+    _, high = pair
+    with _stranger(high, b"") as stranger:
+        due = high.tick()
+        assert due is not None
+        assert 0 < due <= 0.2
+        select.select([], [], [], due + 0.05)
+        assert high.tick() is None  # nothing left waiting
+        assert high.links == {}
+        assert high.refused == 1
+        assert _closed_by_listener(stranger)
+
+
+def test_past_the_cap_a_new_connection_closes_the_oldest_waiting(pair: tuple[Links, Links]) -> None:
+    """Strangers hold at most ``unproven_cap`` of the listener's descriptors, however many."""
+    _, high = pair
+    strangers = [_stranger(high, b"") for _ in range(high.cap + 5)]
+    try:
+        assert len(high.links) == high.cap == unproven_cap(2)
+        assert high.refused == 5
+        kept = sorted(high.links)
+        assert all(_closed_by_listener(s) for s in strangers[:5])  # the oldest went
+        assert sorted(high.links) == kept
+    finally:
+        for stranger in strangers:
+            stranger.close()
+
+
+def test_the_job_secret_is_the_first_ranks_for_every_rank() -> None:
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    first = job_secret(store)
+    assert first is not None
+    assert len(first) == 64
+    assert all(job_secret(store) == first for _ in range(3))
+    assert job_secret(None) is None  # no store: no secret, so no links
+
+
+def test_a_listener_out_of_descriptors_rests_and_says_what_ran_out(
+    pair: tuple[Links, Links], caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accept's EMFILE: the listener leaves the poll for REST_S (no busy loop), one line why."""
+    from _no_fds import no_fds
+    from distcompat.collectives import _peer_links
+
+    monkeypatch.setattr(_peer_links, "REST_S", 0.2)
+    _, high = pair
+    poller = select.poll()
+    high.attach(poller)
+    with socket.create_connection(("127.0.0.1", high.port), timeout=5):
+        assert poller.poll(5000) == [(high.listener.fileno(), select.POLLIN)]
+        with no_fds(), caplog.at_level("WARNING", "distcompat.peers"):
+            assert high.accept() is None
+        assert "too many open files: this process holds all" in caplog.text
+        assert poller.poll(0) == []  # out of the poll while it rests
+        due = high.tick()
+        assert due is not None
+        assert 0 < due <= 0.2
+        select.select([], [], [], due + 0.05)
+        high.tick()
+        assert poller.poll(5000) == [(high.listener.fileno(), select.POLLIN)]  # back
+        assert high.accept() is not None

@@ -5,19 +5,35 @@ A pidfd names a process of this machine only. For a peer on another machine the 
 exception, ``os._exit``, SIGKILL, the OOM killer), its kernel closes its sockets, and the other
 end reads end-of-file or a reset a network round trip later::
 
-    links = Links(me=0, world=2)              # listens on every IPv4 interface, at links.port
-    fd = links.dial(1, identity)              # the lower rank of a pair dials, the higher accepts
-    ended = links.read(fd)                    # when poll says fd is readable: Ended, or None
-    links.close(LEFT)                         # "bye left" on every link, then close them all
+    links = Links(0, 2, job_secret(store))  # listens on every IPv4 interface, at links.port
+    links.attach(poller)                    # its sockets come and go in the watch's poll
+    fd = links.dial(1, identity)            # the lower rank of a pair dials, the higher accepts
+    ended = links.read(fd)                  # when poll says fd is readable: Ended, or None
+    wait_s = links.tick()                   # close what missed its deadline; when to come back
+    links.close(LEFT)                       # "bye left" on every link, then close them all
 
 Nothing is sent while the ranks run: a link costs one socket on each side and no traffic.
 A rank that ends on purpose says so before its sockets close (``bye <farewell>``: "left", or
 the exception that ended it, ``_peers.own_farewell``), so its peers need not ask a store that
-may have ended with it. Both sides check whom they talk to: the dialler's first line names
-itself and the rank and pid it means to reach, and the process that answers names itself, so
-neither an address that another machine also holds (a ``docker0`` bridge) nor a connection
-meant for another job's rank (or a port scan) is ever taken for a peer, whose end would read as
-a loss.
+may have ended with it.
+
+The port is open to anyone who reaches the host, so a connection counts for nothing until it
+proves that it belongs to this job, and only a proven link's end is ever read as a peer's loss:
+
+* **who**: the dialler greets with itself, the rank and pid it means and a random challenge; the
+  listener answers with its own challenge and an HMAC-SHA256 of both under the job's secret
+  (:func:`job_secret`, set by the first rank in the rendezvous store), and the dialler answers
+  in kind: each proves it holds the secret without sending it, and a replay proves nothing;
+* **when**: a connection not proven within :data:`HANDSHAKE_S` is closed, and one whose first
+  bytes are not a greeting at once;
+* **how many**: past :func:`unproven_cap` connections waiting to prove themselves, a new one
+  closes the oldest (one that has not greeted first): a stranger holds at most that many of this
+  process's file descriptors however many it opens, and a peer still gets in;
+* **no descriptor left**: when ``accept`` fails with ``EMFILE``/``ENFILE`` the listener rests
+  :data:`REST_S` (it would be readable again at once) and a line says what ran out.
+
+The secret is as safe as the rendezvous store, which torch documents as trusting its network:
+whoever can talk to the store can read it (docs/peer-links.md).
 
 Which pairs are linked is :func:`linked`: ranks on different machines within :data:`REACH` of
 each other around the ring of ranks, so a process holds at most ``2 * REACH`` links; every pair
@@ -31,20 +47,42 @@ sends nothing; gloo's timeout and the watchdog cover that case. IPv4 only.
 from __future__ import annotations
 
 import contextlib
+import errno
+import hmac
+import logging
+import secrets
+import select
 import socket
+import time
 from dataclasses import dataclass, field
+from typing import Any
 
+from distcompat._scarcity import ran_out
 from distcompat.collectives._peers import LEFT, Identity
 
-__all__ = ["DIAL_TIMEOUT_S", "REACH", "Ended", "Links", "all_linked", "linked"]
+__all__ = ["DIAL_TIMEOUT_S", "HANDSHAKE_S", "REACH", "REST_S", "Ended", "Links", "all_linked",
+           "job_secret", "linked", "unproven_cap"]  # fmt: skip
+
+_log = logging.getLogger("distcompat.peers")
 
 #: How far around the ring of ranks a rank links to peers on other machines, each way.
 REACH = 32
 #: How long a dial waits for a connection and for the peer's answer, per address (seconds).
 DIAL_TIMEOUT_S = 2.0
-_HELLO = "distcompat-link"
+#: How long an accepted connection has to prove that it is a peer of this job (seconds): a
+#: peer's proof takes one round trip after it connects.
+HANDSHAKE_S = 2.0
+#: How long the listener rests after ``accept`` found no file descriptor left (seconds).
+REST_S = 1.0
+#: How often a listener that keeps finding no file descriptor says so (seconds).
+_WARN_EVERY_S = 60.0
+#: Connections waiting to prove themselves beyond the peers that may dial this rank.
+_SPARE = 16
+_HELLO = "distcompat-link2"
 _BYE = "bye "
-_LINE_BYTES = 512  # a hello is ~40 bytes; a farewell is cut at 300 characters (``_peers``)
+_LINE_BYTES = 512  # a greeting is ~80 bytes; a farewell is cut at 300 characters (``_peers``)
+_SECRET_KEY = "distcompat/peer/secret"
+_NONCE_BYTES = 16
 
 
 def linked(a: int, b: int, world: int) -> bool:
@@ -68,9 +106,46 @@ def all_linked(world: int) -> bool:
     return world <= 2 * REACH + 1
 
 
+def unproven_cap(world: int) -> int:
+    """Return how many accepted connections may wait to prove themselves at once.
+
+    Every peer that may dial this rank (at most ``2 * REACH``), plus a few spare.
+
+    Example:
+        >>> unproven_cap(2), unproven_cap(1000)
+        (17, 80)
+    """
+    return min(world - 1, 2 * REACH) + _SPARE
+
+
+def job_secret(store: Any) -> bytes | None:
+    """Return the job's link secret, agreed through the rendezvous ``store`` (None: no store).
+
+    Each rank proposes 32 random bytes; the store keeps the first (``compare_set``), and every
+    rank reads that one back. One request per rank, at start-up.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> store = dist.HashStore()
+        >>> job_secret(store) == job_secret(store)
+        True
+    """
+    try:
+        agreed = store.compare_set(_SECRET_KEY, "", secrets.token_hex(32))
+    except (RuntimeError, ValueError, AttributeError):
+        return None
+    return bytes(agreed) or None
+
+
+def _proof(secret: bytes, role: str, words: tuple[object, ...]) -> str:
+    """Return the HMAC of ``role`` and ``words`` under ``secret`` (hex)."""
+    message = " ".join(map(str, (role, *words))).encode()
+    return hmac.new(secret, message, "sha256").hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Ended:
-    """A link that ended: whose (None: it never said), and what it said first ("": nothing)."""
+    """A link that ended: whose (None: not a proven peer's), and what it said ("": nothing)."""
 
     rank: int | None
     said: str
@@ -79,9 +154,11 @@ class Ended:
 @dataclass(slots=True)
 class _Link:
     sock: socket.socket
-    rank: int | None  # None: accepted, its hello not read yet
+    rank: int | None  # the proven peer; None: accepted, not proven yet
+    since: float = 0.0  # when it was accepted (time.monotonic()): its handshake deadline runs
     said: str = ""
     pending: bytearray = field(default_factory=bytearray)
+    claim: tuple[int, int, str, str] | None = None  # greeted: (rank, pid, its nonce, ours)
 
 
 def _line(text: str) -> bytes:
@@ -92,15 +169,15 @@ def _line(text: str) -> bytes:
 class Links:
     """The link listener of this process and its links, by file descriptor, for one ``poll``.
 
-    Not thread-safe: the watch's thread uses it alone.
+    Not thread-safe: the watch's thread uses it alone. ``secret``: :func:`job_secret`.
     """
 
-    def __init__(self, me: int, world: int) -> None:
-        self.me, self.world = me, world
+    def __init__(self, me: int, world: int, secret: bytes) -> None:
+        self.me, self.world, self.secret = me, world, secret
         here = Identity.here()
         self.pid = here.pid
-        self.hello = _line(f"{_HELLO} {me} {here.pid}")
         self.own = frozenset(here.addrs)
+        self.cap = unproven_cap(world)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             self.listener.bind(("0.0.0.0", 0))  # every interface: peers dial what they reach
@@ -111,6 +188,25 @@ class Links:
             raise
         self.port: int = self.listener.getsockname()[1]
         self.links: dict[int, _Link] = {}  # fd -> link
+        self.poller: select.poll | None = None
+        self.resting_until: float | None = None  # out of the poll until then (no fd left)
+        self.warned = -_WARN_EVERY_S  # when the rest was last logged (time.monotonic())
+        self.refused = 0  # connections closed unproven (a deadline, the cap, a wrong greeting)
+
+    def attach(self, poller: select.poll) -> None:
+        """Put the listener, and every link from now on, in ``poller`` (the watch's)."""
+        self.poller = poller
+        poller.register(self.listener.fileno(), select.POLLIN)
+        for fd in self.links:
+            poller.register(fd, select.POLLIN)
+
+    def _add(self, sock: socket.socket, rank: int | None) -> int:
+        sock.setblocking(False)
+        fd = sock.fileno()
+        self.links[fd] = _Link(sock, rank, since=time.monotonic())
+        if self.poller is not None:
+            self.poller.register(fd, select.POLLIN)
+        return fd
 
     def dial(self, rank: int, peer: Identity) -> int | None:
         """Link to ``peer`` (rank ``rank``); return the link's fd, or None if none answered.
@@ -120,34 +216,90 @@ class Links:
         """
         addresses = [a for a in peer.addrs if not a.startswith("127.")]
         addresses.sort(key=lambda address: address in self.own)  # stable: theirs first
-        expected = _line(f"{_HELLO} {rank} {peer.pid}")
         for address in addresses if peer.port else ():
             try:
                 sock = socket.create_connection((address, peer.port), timeout=DIAL_TIMEOUT_S)
             except OSError:
                 continue
-            try:
-                sock.sendall(_line(f"{_HELLO} {self.me} {self.pid} {rank} {peer.pid}"))
-                answer = _read_line(sock)
-            except OSError:
-                answer = b""
-            if answer != expected:  # another process holds that address and port
-                sock.close()
-                continue
-            sock.setblocking(False)
-            self.links[sock.fileno()] = _Link(sock, rank)
-            return sock.fileno()
+            if self._prove(sock, rank, peer.pid):
+                return self._add(sock, rank)
+            sock.close()  # another process holds that address and port, or another job's
         return None
 
+    def _prove(self, sock: socket.socket, rank: int, pid: int) -> bool:
+        """Run the dialler's half of the handshake; return True when the peer proved itself."""
+        ours = secrets.token_hex(_NONCE_BYTES)
+        words: tuple[object, ...] = (self.me, self.pid, rank, pid, ours)
+        try:
+            sock.sendall(_line(" ".join(map(str, (_HELLO, *words)))))
+            answer = _read_line(sock).decode(errors="replace").split()
+            if len(answer) != 2:
+                return False
+            theirs, proof = answer
+            if not hmac.compare_digest(proof, _proof(self.secret, "answer", (*words, theirs))):
+                return False
+            sock.sendall(_line(_proof(self.secret, "dial", (*words, theirs))))
+        except OSError:
+            return False
+        return True
+
     def accept(self) -> int | None:
-        """Take a waiting connection on the listener; return its fd, or None."""
+        """Take a waiting connection on the listener; return its fd, or None.
+
+        Past :func:`unproven_cap` connections waiting to prove themselves, the oldest is closed.
+        With no file descriptor left the listener rests :data:`REST_S` (see the module doc).
+        """
         try:
             sock, _ = self.listener.accept()
-        except OSError:  # BlockingIOError: another wake-up took it; ECONNABORTED
+        except OSError as exc:  # BlockingIOError: another wake-up took it; ECONNABORTED
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                self._rest(exc)
             return None
-        sock.setblocking(False)
-        self.links[sock.fileno()] = _Link(sock, None)
-        return sock.fileno()
+        unproven = [fd for fd, link in self.links.items() if link.rank is None]
+        if len(unproven) >= self.cap:  # the oldest that has not even greeted goes first
+            oldest = min(unproven, key=lambda fd: (self.links[fd].claim is not None,
+                                                    self.links[fd].since))  # fmt: skip
+            self._drop(oldest, Ended(None, ""))
+        return self._add(sock, None)
+
+    def _rest(self, exc: OSError) -> None:
+        now = time.monotonic()
+        self.resting_until = now + REST_S
+        if self.poller is not None:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(self.listener.fileno())
+        if now - self.warned >= _WARN_EVERY_S:
+            self.warned = now
+            held = sum(1 for link in self.links.values() if link.rank is None)
+            _log.warning(
+                "distcompat: peer links take no new connection for %gs: %s (of them, %d are "
+                "connections waiting to prove themselves, at most %d)",
+                REST_S, ran_out(exc.errno), held, self.cap,
+            )  # fmt: skip
+
+    def tick(self) -> float | None:
+        """Close what missed its handshake deadline, end the listener's rest; say when to return.
+
+        Returns the seconds until the next deadline (None: none pending).
+        """
+        now = time.monotonic()
+        if self.resting_until is not None and now >= self.resting_until:
+            self.resting_until = None
+            if self.poller is not None:
+                self.poller.register(self.listener.fileno(), select.POLLIN)
+        expired = [
+            fd
+            for fd, link in self.links.items()
+            if link.rank is None and now - link.since >= HANDSHAKE_S
+        ]
+        for fd in expired:
+            self._drop(fd, Ended(None, ""))
+        waits = [
+            link.since + HANDSHAKE_S - now for link in self.links.values() if link.rank is None
+        ]
+        if self.resting_until is not None:
+            waits.append(self.resting_until - now)
+        return max(0.0, min(waits)) if waits else None
 
     def read(self, fd: int) -> Ended | None:
         """Read what link ``fd`` has; return :class:`Ended` (it is closed then) or None."""
@@ -160,6 +312,8 @@ class Links:
             data = b""
         if data:
             link.pending += data
+            if link.rank is None and link.claim is None and not _greeting(link.pending):
+                return self._drop(fd, Ended(None, ""))  # not a link's first bytes
             while b"\n" in link.pending:
                 if not self._heard(link):  # a stranger: drop it
                     return self._drop(fd, Ended(None, ""))
@@ -169,7 +323,13 @@ class Links:
         return self._drop(fd, Ended(link.rank, link.said))
 
     def _drop(self, fd: int, ended: Ended) -> Ended:
-        self.links.pop(fd).sock.close()
+        link = self.links.pop(fd)
+        if link.rank is None:
+            self.refused += 1
+        if self.poller is not None:
+            with contextlib.suppress(KeyError):
+                self.poller.unregister(fd)
+        link.sock.close()
         return ended
 
     def _heard(self, link: _Link) -> bool:
@@ -177,18 +337,30 @@ class Links:
         line, _, rest = link.pending.partition(b"\n")
         link.pending = bytearray(rest)
         text = line.decode(errors="replace")
-        if link.rank is None:  # an accepted link's first line: who dialled, and whom it means
+        if link.rank is not None:
+            if text.startswith(_BYE) and not link.said:
+                link.said = text[len(_BYE) :] or LEFT
+            return True
+        if link.claim is None:  # its greeting: who dials, whom it means, and its challenge
             words = text.split()
-            if len(words) == 5 and words[0] == _HELLO and all(w.isdigit() for w in words[1:]):
-                rank, meant, meant_pid = int(words[1]), int(words[3]), int(words[4])
-                if rank < self.me and (meant, meant_pid) == (self.me, self.pid):
-                    link.rank = rank
-                    with contextlib.suppress(OSError):
-                        link.sock.send(self.hello)  # a few bytes into an empty buffer
-                    return True
+            if len(words) != 6 or words[0] != _HELLO or not all(w.isdigit() for w in words[1:5]):
+                return False
+            rank, pid, meant, meant_pid = map(int, words[1:5])
+            if not (rank < self.me and linked(rank, self.me, self.world)):
+                return False
+            if (meant, meant_pid) != (self.me, self.pid):
+                return False
+            ours = secrets.token_hex(_NONCE_BYTES)
+            link.claim = (rank, pid, words[5], ours)
+            answer = _proof(self.secret, "answer", (rank, pid, self.me, self.pid, words[5], ours))
+            with contextlib.suppress(OSError):
+                link.sock.send(_line(f"{ours} {answer}"))  # a few bytes into an empty buffer
+            return True
+        rank, pid, theirs, ours = link.claim  # its proof of the job's secret
+        expected = _proof(self.secret, "dial", (rank, pid, self.me, self.pid, theirs, ours))
+        if not hmac.compare_digest(text.strip(), expected):
             return False
-        if text.startswith(_BYE) and not link.said:
-            link.said = text[len(_BYE) :] or LEFT
+        link.rank = rank
         return True
 
     def close(self, said: str) -> None:
@@ -201,6 +373,13 @@ class Links:
             link.sock.close()
         self.links.clear()
         self.listener.close()
+
+
+def _greeting(pending: bytearray) -> bool:
+    """Return whether ``pending`` can still be the start of a greeting."""
+    prefix = (_HELLO + " ").encode()
+    head = bytes(pending[: len(prefix)])
+    return prefix.startswith(head)
 
 
 def _read_line(sock: socket.socket) -> bytes:

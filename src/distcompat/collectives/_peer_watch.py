@@ -41,8 +41,9 @@ import time
 
 import torch.distributed as dist
 
+from distcompat._scarcity import ran_out
 from distcompat.collectives import _peer_relay, _peers
-from distcompat.collectives._peer_links import Links, all_linked, linked
+from distcompat.collectives._peer_links import Links, all_linked, job_secret, linked
 from distcompat.collectives._peers import LEFT, Identity, Lost
 
 __all__ = ["start", "stop", "supported"]
@@ -79,7 +80,7 @@ class _Watch:
         poller.register(self.wake_read, select.POLLIN)
         links = self.links
         if links is not None:
-            poller.register(links.listener.fileno(), select.POLLIN)
+            links.attach(poller)  # the listener, and each link as it comes and goes
         pending = set(range(self.world)) - {self.me}
         pause_s = _IDENTITY_POLL_S
         relayed, relay_at = 0, 0.0  # losses read from the store so far; when to read again
@@ -92,6 +93,10 @@ class _Watch:
                         pending.discard(rank)
                         self._watch(rank, peer, poller, watched)
                 timeout_s = pause_s if pending else None
+                if links is not None:  # handshake deadlines, the listener's rest
+                    due_s = links.tick()
+                    if due_s is not None:
+                        timeout_s = due_s if timeout_s is None else min(timeout_s, due_s)
                 if self.relay:
                     now = time.monotonic()
                     if now >= relay_at:
@@ -109,15 +114,11 @@ class _Watch:
                         os.close(fd)
                         self._record(watched.pop(fd))
                     elif links is not None and fd == links.listener.fileno():
-                        accepted = links.accept()
-                        if accepted is not None:
-                            poller.register(accepted, select.POLLIN)
+                        links.accept()
                     elif links is not None and fd in links.links:
                         ended = links.read(fd)  # closes the link when it ended
-                        if ended is not None:
-                            poller.unregister(fd)
-                            if ended.rank is not None:
-                                self._record(ended.rank, ended.said)
+                        if ended is not None and ended.rank is not None:  # a proven peer's
+                            self._record(ended.rank, ended.said)
         finally:
             for fd in watched:
                 os.close(fd)
@@ -137,18 +138,22 @@ class _Watch:
             self.remote[rank] = peer
             if self.links is None or rank < self.me or not linked(self.me, rank, self.world):
                 return
-            link = self.links.dial(rank, peer)
-            if link is None:
+            if self.links.dial(rank, peer) is None:
                 _log.warning(
                     "distcompat: no link to rank %d (port %d on %s): its end is known from the "
                     "backend's error or the watchdog only",
                     rank, peer.port, ", ".join(peer.addrs),
                 )  # fmt: skip
-                return
-            poller.register(link, select.POLLIN)
             return
         self.peers[rank] = peer
-        fd = _open(peer)
+        try:
+            fd = _open(peer)
+        except OSError as exc:  # no fd left: /proc is read instead (``_peers.gone_peers``)
+            _log.warning(
+                "distcompat: rank %d (pid %d) is not watched: %s", rank, peer.pid,
+                ran_out(exc.errno) or exc,
+            )  # fmt: skip
+            return
         if fd is None:  # already gone, or its pid names another process now
             self._record(rank)
             return
@@ -207,10 +212,14 @@ class _Watch:
 
 
 def _open(peer: Identity) -> int | None:
-    """Return a pidfd for ``peer``'s process, or None if that process is already gone."""
+    """Return a pidfd for ``peer``'s process, or None if that process is already gone.
+
+    Raises OSError when the pidfd cannot be had for another reason (``EMFILE``): that is no
+    evidence that the peer ended.
+    """
     try:
         fd = os.pidfd_open(peer.pid)
-    except OSError:
+    except ProcessLookupError:
         return None
     if not _peers.is_alive(peer):  # the pid was reused: the pidfd names another process
         os.close(fd)
@@ -245,12 +254,19 @@ def start(me: int, world: int, *, links: bool = True) -> None:
         _peers.publish(me)
         return
     listening: Links | None = None
-    if links:
+    secret = job_secret(_peers.rendezvous_store()) if links else None
+    if links and secret is None:
+        _log.warning(
+            "distcompat: peers on other machines are not watched: the rendezvous store gave "
+            "no secret for their links"
+        )
+    elif secret is not None:
         try:
-            listening = Links(me, world)
+            listening = Links(me, world, secret)
         except OSError as exc:
             _log.warning(
-                "distcompat: peers on other machines are not watched: no listener (%s)", exc
+                "distcompat: peers on other machines are not watched: no listener (%s)",
+                ran_out(exc.errno) or exc,
             )
     _peers.publish(me, port=listening.port if listening is not None else 0)
     _watch = _Watch(me, world, listening)
