@@ -37,6 +37,7 @@ from distcompat.checkpoint._errors import (
     CheckpointExistsError,
     CheckpointNotFoundError,
     CheckpointSyncError,
+    CheckpointWriteError,
     WorldSizeMismatchError,
 )
 from distcompat.checkpoint._load import latest_checkpoint, load_checkpoint
@@ -66,6 +67,7 @@ __all__ = [
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "CheckpointSyncError",
+    "CheckpointWriteError",
     "Manifest",
     "ManifestFile",
     "ResumeStateError",
