@@ -78,6 +78,21 @@ def open_files() -> int | None:
         return None
 
 
+def _statvfs(path: str | os.PathLike[str]) -> os.statvfs_result | None:
+    """Return the statvfs of ``path``'s nearest existing parent (None when none can be read)."""
+    where = os.path.abspath(os.fspath(path))
+    while True:
+        try:
+            return os.statvfs(where)
+        except FileNotFoundError:
+            parent = os.path.dirname(where)
+            if parent == where:
+                return None
+            where = parent
+        except OSError:
+            return None
+
+
 def free_bytes(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """Return (bytes free to this user, total bytes) of the file system holding ``path``.
 
@@ -88,28 +103,14 @@ def free_bytes(path: str | os.PathLike[str]) -> tuple[int, int] | None:
         >>> 0 <= free <= total
         True
     """
-    where = os.path.abspath(os.fspath(path))
-    while True:
-        try:
-            stat = os.statvfs(where)
-        except FileNotFoundError:
-            parent = os.path.dirname(where)
-            if parent == where:
-                return None
-            where = parent
-            continue
-        except OSError:
-            return None
-        return stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    stat = _statvfs(path)
+    return None if stat is None else (stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize)
 
 
 def _no_inodes(path: str | os.PathLike[str]) -> int | None:
     """Return the file system's inode count when none is free to this user, else None."""
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_files if stat.f_files and stat.f_favail == 0 else None
+    stat = _statvfs(path)
+    return stat.f_files if stat is not None and stat.f_files and stat.f_favail == 0 else None
 
 
 def _file_table() -> str:

@@ -180,7 +180,7 @@ def save_with_group(
     if failed:
         if group.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise _not_committed(what, root, failed) from own_error
+        raise _not_committed(what, group, root, failed) from own_error
 
     commit_error: BaseException | None = None
     commit: _Outcome = _Outcome(None, None)
@@ -211,7 +211,7 @@ def save_with_group(
     if error is not None and error.startswith("CheckpointExistsError: "):
         raise CheckpointExistsError(f"{what}: {error.removeprefix('CheckpointExistsError: ')}")
     if error is not None:
-        raise _not_committed(what, root, {0: results[0]}) from commit_error
+        raise _not_committed(what, group, root, {0: results[0]}) from commit_error
     return final
 
 
@@ -262,9 +262,10 @@ def _failure(exc: BaseException, path: Path, needed: int | None) -> tuple[str, i
     raised = f"{type(exc).__name__}: {exc}"
     if not exhausted(code):
         return f"{path}: {raised}", code
-    if isinstance(exc, OSError) and exc.strerror and "at " + str(path) in exc.strerror:
-        return f"{path}: {exc.strerror}", code  # said already (_write_rank_file)
-    return f"{path}: {ran_out(code, path=path, needed=needed)} ({raised})", code
+    if isinstance(exc, OSError) and exc.strerror and f" at {path}" in exc.strerror:
+        return f"{path}: {exc.strerror.replace(f' at {path}', '')}", code  # said already
+    what = ran_out(code, path=path, needed=needed).replace(f" at {path}", "")
+    return f"{path}: {what} ({raised})", code
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -276,16 +277,29 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return found
 
 
-def _not_committed(what: str, root: Path, failed: dict[int, _Outcome]) -> CheckpointWriteError:
-    """Return the error every rank raises for a save that failed on ``failed`` (rank -> why)."""
-    kept = ""
-    with contextlib.suppress(OSError):
+def _newest(root: Path) -> int | None:
+    """Return the newest committed step under ``root`` (None: none, or it cannot be read)."""
+    try:
         steps = _committed_with_manifest(root)
-        kept = f"step {steps[-1]} stays the newest committed" if steps else "none was committed"
+    except OSError:
+        return None
+    return steps[-1] if steps else None
+
+
+def _not_committed(
+    what: str, group: SaveGroup, root: Path, failed: dict[int, _Outcome]
+) -> CheckpointWriteError:
+    """Return the error every rank raises for a save that failed on ``failed`` (rank -> why).
+
+    A collective: every rank comes here together. Rank 0 says which step stays the newest (a
+    rank out of file descriptors could not read the directory).
+    """
+    newest = group.gather(_newest(root) if group.rank == 0 else None)[0]
+    kept = f"step {newest} stays the newest committed" if newest is not None else "none before"
     shown = "; ".join(o.error or "" for _, o in sorted(failed.items()))
     first = failed[min(failed)]
     return CheckpointWriteError(
-        f"{what}: not committed ({kept or 'every committed step is untouched'}): {shown}",
+        f"{what}: not committed ({kept}): {shown}",
         failures={r: o.error or "" for r, o in failed.items()},
         code=first.code,
     )
@@ -294,7 +308,13 @@ def _not_committed(what: str, root: Path, failed: dict[int, _Outcome]) -> Checkp
 def _commit(root: Path, tmp: Path, final: Path, manifest: Manifest) -> None:
     """Write the manifest into ``tmp`` and rename ``tmp`` to ``final`` (rank 0 only)."""
     try:
-        atomic_write_json(tmp / MANIFEST_NAME, manifest.to_json())  # also fsyncs tmp
+        try:
+            atomic_write_json(tmp / MANIFEST_NAME, manifest.to_json())  # also fsyncs tmp
+        except OSError as exc:  # said before the temp directory goes (its inodes with it)
+            if not exhausted(exc.errno):
+                raise
+            said = ran_out(exc.errno, path=tmp / MANIFEST_NAME)
+            raise OSError(exc.errno, said) from exc
         try:
             os.rename(tmp, final)
         except OSError as exc:
