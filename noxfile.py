@@ -1,7 +1,7 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, comparisons, conformance, lint,
-                             # typing, docs, launchers, build
+    nox                      # the default sessions: tests, comparisons, hostile, conformance,
+                             # lint, typing, docs, launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
@@ -26,7 +26,8 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    "tests", "comparisons", "conformance", "lint", "typing", "docs", "launchers", "build",
+    "tests", "comparisons", "hostile", "conformance", "lint", "typing", "docs", "launchers",
+    "build",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -59,8 +60,9 @@ def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite on gloo multi-process groups (no GPU needed)."""
     install(session, "tests")
-    # -m replaces pyproject's: the plain-gloo comparisons run in their own session
-    session.run("pytest", "-m", "not cuda and not plain_gloo", *session.posargs)
+    # -m replaces pyproject's: the plain-gloo comparisons and the hostile conditions run in
+    # their own sessions
+    session.run("pytest", "-m", "not cuda and not plain_gloo and not hostile", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -103,6 +105,16 @@ def comparisons(session: nox.Session) -> None:
     """The programs compared with plain gloo bit for bit, once (about 1.5 minutes on 2 cores)."""
     install(session, "tests")
     session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-p", "no:cacheprovider",
+                *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def hostile(session: nox.Session) -> None:
+    """Jobs under conditions they do not control (tests/test_hostile.py: a stranger on the link
+    ports, 1,024 open files, full file systems, a tiny /dev/shm; about a minute on 2 cores).
+    The file systems need root (a mount namespace); without it those cases skip."""
+    install(session, "tests")
+    session.run("pytest", "tests/test_hostile.py", "-m", "hostile", "-q", "-p", "no:cacheprovider",
                 *session.posargs)  # fmt: skip
 
 
