@@ -375,3 +375,45 @@ def test_a_listener_out_of_descriptors_rests_and_says_what_ran_out(
         high.tick()
         assert poller.poll(5000) == [(high.listener.fileno(), select.POLLIN)]  # back
         assert high.accept() is not None
+
+
+@pytest.mark.parametrize(
+    ("setting", "bound"),
+    [(None, "0.0.0.0"), ("127.0.0.1", "127.0.0.1"), ("lo", "127.0.0.1"), ("off", None)],
+)
+def test_the_listener_binds_where_distcompat_peer_links_says(
+    setting: str | None, bound: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``DISTCOMPAT_PEER_LINKS`` (read by ``launch._settings``): unset listens on every
+    interface, an address or an interface name on that address only, ``off`` nowhere. The
+    store that gives the secret is a HashStore here (no group)."""
+    import torch.distributed as dist
+
+    from distcompat.collectives import _peer_watch, _peers
+
+    if setting is None:
+        monkeypatch.delenv("DISTCOMPAT_PEER_LINKS", raising=False)
+    else:
+        monkeypatch.setenv("DISTCOMPAT_PEER_LINKS", setting)
+    monkeypatch.setattr(_peers, "rendezvous_store", dist.HashStore)
+    links = _peer_watch._listener(1, 2)
+    try:
+        address = None if links is None else links.listener.getsockname()[0]
+        assert address == bound
+    finally:
+        if links is not None:
+            links.close(LEFT)
+
+
+def test_an_interface_without_an_address_opens_no_listener_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import torch.distributed as dist
+
+    from distcompat.collectives import _peer_watch, _peers
+
+    monkeypatch.setenv("DISTCOMPAT_PEER_LINKS", "nosuchif0")
+    monkeypatch.setattr(_peers, "rendezvous_store", dist.HashStore)
+    with caplog.at_level("WARNING", "distcompat.peers"):
+        assert _peer_watch._listener(1, 2) is None
+    assert "not watched: nosuchif0 has no IPv4 address" in caplog.text

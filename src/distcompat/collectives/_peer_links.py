@@ -33,7 +33,7 @@ proves that it belongs to this job, and only a proven link's end is ever read as
   :data:`REST_S` (it would be readable again at once) and a line says what ran out.
 
 The secret is as safe as the rendezvous store, which torch documents as trusting its network:
-whoever can talk to the store can read it (docs/peer-links.md).
+whoever can talk to the store can read it (docs/network.md).
 
 Which pairs are linked is :func:`linked`: ranks on different machines within :data:`REACH` of
 each other around the ring of ranks, so a process holds at most ``2 * REACH`` links; every pair
@@ -169,18 +169,19 @@ def _line(text: str) -> bytes:
 class Links:
     """The link listener of this process and its links, by file descriptor, for one ``poll``.
 
-    Not thread-safe: the watch's thread uses it alone. ``secret``: :func:`job_secret`.
+    Not thread-safe: the watch's thread uses it alone. ``secret``: :func:`job_secret`;
+    ``bind``: the IPv4 address to listen on (``0.0.0.0``: every interface).
     """
 
-    def __init__(self, me: int, world: int, secret: bytes) -> None:
-        self.me, self.world, self.secret = me, world, secret
+    def __init__(self, me: int, world: int, secret: bytes, bind: str = "0.0.0.0") -> None:
+        self.me, self.world, self.secret, self.address = me, world, secret, bind
         here = Identity.here()
         self.pid = here.pid
         self.own = frozenset(here.addrs)
         self.cap = unproven_cap(world)
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            self.listener.bind(("0.0.0.0", 0))  # every interface: peers dial what they reach
+            self.listener.bind((bind, 0))  # every interface by default: peers dial what they reach
             self.listener.listen(4 * REACH)
             self.listener.setblocking(False)
         except OSError:

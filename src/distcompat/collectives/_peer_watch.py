@@ -35,6 +35,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import select
 import threading
 import time
@@ -45,6 +46,7 @@ from distcompat._scarcity import ran_out
 from distcompat.collectives import _peer_relay, _peers
 from distcompat.collectives._peer_links import Links, all_linked, job_secret, linked
 from distcompat.collectives._peers import LEFT, Identity, Lost
+from distcompat.launch._settings import choose_peer_links
 
 __all__ = ["start", "stop", "supported"]
 
@@ -53,6 +55,8 @@ _log = logging.getLogger("distcompat.peers")
 #: How soon the thread asks the store again for identities not yet published (seconds); the
 #: pause doubles, up to :data:`_IDENTITY_POLL_MAX_S`, while no new one comes (a rank that never
 #: publishes, a store that does not answer).
+_EVERY = "0.0.0.0"
+_ADDRESS = re.compile(r"\d{1,3}(\.\d{1,3}){3}")  # an IPv4 address, not an interface name
 _IDENTITY_POLL_S = 0.05
 _IDENTITY_POLL_MAX_S = 5.0
 
@@ -253,28 +257,38 @@ def start(me: int, world: int, *, links: bool = True) -> None:
     if not supported() or world < 2:
         _peers.publish(me)
         return
-    listening: Links | None = None
-    secret = job_secret(_peers.rendezvous_store()) if links else None
-    if links and secret is None:
-        _log.warning(
-            "distcompat: peers on other machines are not watched: the rendezvous store gave "
-            "no secret for their links"
-        )
-    elif secret is not None:
-        try:
-            listening = Links(me, world, secret)
-        except OSError as exc:
-            _log.warning(
-                "distcompat: peers on other machines are not watched: no listener (%s)",
-                ran_out(exc.errno) or exc,
-            )
-    _peers.publish(me, port=listening.port if listening is not None else 0)
+    listening = _listener(me, world) if links else None
+    port, address = (listening.port, listening.address) if listening is not None else (0, "")
+    _peers.publish(me, port=port, listen="" if address == _EVERY else address)
     _watch = _Watch(me, world, listening)
     _watch.thread.start()
     _peers.watcher = _watch
     if not _exit_hooked:
         atexit.register(_at_exit)
         _exit_hooked = True
+
+
+def _listener(me: int, world: int) -> Links | None:
+    """Open the links' listener where ``DISTCOMPAT_PEER_LINKS`` says; None: off, or it cannot."""
+    choice = choose_peer_links()
+    if not choice.on:
+        return None
+    address: str | None = choice.bind
+    if address != _EVERY and not _ADDRESS.fullmatch(choice.bind):
+        address = _peers.address_of(choice.bind)  # an interface: its IPv4 address
+    secret = job_secret(_peers.rendezvous_store())
+    why = ""
+    if address is None:
+        why = f"{choice.bind} has no IPv4 address ({choice.reason})"
+    elif secret is None:
+        why = "the rendezvous store gave no secret for their links"
+    else:
+        try:
+            return Links(me, world, secret, bind=address)
+        except OSError as exc:
+            why = f"no listener on {choice.bind} ({ran_out(exc.errno) or exc})"
+    _log.warning("distcompat: peers on other machines are not watched: %s", why)
+    return None
 
 
 def stop() -> None:

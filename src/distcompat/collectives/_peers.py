@@ -48,6 +48,7 @@ __all__ = [
     "Identity",
     "Lost",
     "Watcher",
+    "address_of",
     "farewell",
     "farewells",
     "gone_peers",
@@ -194,6 +195,22 @@ def _stat(pid: int) -> tuple[str, int]:
     return fields[0], int(fields[19])
 
 
+def address_of(interface: str) -> str | None:
+    """Return the IPv4 address of ``interface`` (Linux), or None when it has none.
+
+    Example:
+        >>> address_of("no-such-interface") is None
+        True
+    """
+    request = struct.pack("256s", interface.encode()[:15])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            answer = fcntl.ioctl(probe.fileno(), _SIOCGIFADDR, request)
+    except OSError:
+        return None
+    return socket.inet_ntoa(answer[20:24])
+
+
 def _addresses() -> tuple[str, ...]:
     """Return this host's IPv4 addresses, one per interface (Linux; empty elsewhere)."""
     found: list[str] = []
@@ -229,11 +246,12 @@ def rendezvous_store() -> Any:
     return _store()
 
 
-def publish(rank: int | None = None, *, port: int = 0) -> None:
+def publish(rank: int | None = None, *, port: int = 0, listen: str = "") -> None:
     """Write this process's :class:`Identity` to the default group's store (no collective).
 
     ``init_distributed`` calls it, so a lost peer can be named in groups of any size; ``port``
-    is where its peer watch takes links from other machines (``_peer_watch.start``).
+    is where its peer watch takes links from other machines (``_peer_watch.start``), on the
+    address ``listen`` only when one is given (it comes first in the identity's addresses).
 
     Example:
         >>> publish()   # no process group: nothing to write to
@@ -244,6 +262,9 @@ def publish(rank: int | None = None, *, port: int = 0) -> None:
     rank = dist.get_rank() if rank is None else rank
     with contextlib.suppress(RuntimeError, ValueError):
         identity = dataclasses.replace(Identity.here(), port=port)
+        if listen:
+            rest = tuple(a for a in identity.addrs if a != listen)
+            identity = dataclasses.replace(identity, addrs=(listen, *rest))
         store.set(_KEY.format(rank), identity.to_json())
 
 
