@@ -46,7 +46,8 @@ def main() -> None:
     payload: dict[int, bytes] = {}
     connected: set[int] = set()  # fds whose connect completed
     for host, port, rank, pid in targets:
-        other = next((r for r in peer_of if r != int(rank)), 0)
+        other = 0 if int(rank) != 0 else 1  # a rank below it, when it has one
+        other_pid = peer_of.get(other, int(pid))  # its pid when it is a target too
         for kind, number in counts.items():
             for _ in range(number):
                 sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,7 +61,7 @@ def main() -> None:
                 elif kind == "forged":  # the lower rank dials: claim to be it
                     nonce = os.urandom(16).hex()
                     payload[sock.fileno()] = (
-                        f"distcompat-link2 {other} {peer_of[other]} {rank} {pid} {nonce}\n"
+                        f"distcompat-link2 {other} {other_pid} {rank} {pid} {nonce}\n"
                     ).encode()
                 sel.register(sock, selectors.EVENT_WRITE)
     end = time.monotonic() + seconds

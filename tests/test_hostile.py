@@ -16,8 +16,12 @@ links on every interface), every default on, with an open-file limit of 1,024 pe
 * a 256 KiB ``/dev/shm``, and one where no segment can be created (read-only): the all-reduces
   are right, on gloo, with a warning that says why.
 
-What is simulated: the two "machines" share a kernel (tests/test_collectives_peer_links.py has
-the two-namespace nodes). The file systems are tmpfs mounts in a mount namespace of the test's
+and the same stranger with the two ranks on two "machines" of their own (``_two_hosts``: a network
+and a pid namespace each, joined by a veth pair), linked to each other: the stranger, on each
+rank's node, floods the other's port while their own link carries on.
+
+What is simulated: the two "machines" share a kernel (and, but for the namespace case, a
+network and a pid namespace). The file systems are tmpfs mounts in a mount namespace of the test's
 own (``private_mounts``: skipped without root). The nox session ``hostile`` runs this file.
 """
 
@@ -29,6 +33,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -82,7 +87,7 @@ def _open_files(pid: int) -> int:
         return 0
 
 
-def _lines(ran: Sequence[Ran]) -> list[str]:
+def _lines(ran: Sequence[Any]) -> list[str]:  # _hostile.Ran or _two_hosts.Ran
     return [line for r in ran for line in r.stdout.splitlines() if line.startswith("rank ")]
 
 
@@ -221,3 +226,41 @@ def test_a_segment_that_cannot_be_created_falls_back_saying_why(tmp_path: Path) 
     assert _lines(ran) == ["rank 0: ok all-reduced", "rank 1: ok all-reduced"]
     assert "use gloo, not shared memory: failed on rank 0: cannot create /dev/shm/" in ran[0].stderr
     assert "Read-only file system" in ran[0].stderr
+
+
+# --- the same stranger between two namespace nodes ----------------------------------------------
+
+
+def test_a_stranger_between_two_nodes_cannot_break_the_ranks_link(tmp_path: Path) -> None:
+    """The ranks are on different "machines" here, so they hold a link; the stranger, in each
+    node, floods the other node's rank port past the cap while they train."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from _two_hosts import needs_namespaces, run_pair, two_nodes
+
+    needs_namespaces()
+    with two_nodes() as nodes, ThreadPoolExecutor(1) as pool:
+        job = pool.submit(run_pair, nodes, SCRIPT, ("train", str(tmp_path)), 29531, nofile=NOFILE)
+        facts = _facts(tmp_path, timeout=90)
+        strangers = []
+        for rank, other in ((0, 1), (1, 0)):  # on rank 0's node, a stranger to rank 1's port
+            address = ("10.77.0.1", "10.77.0.2")[other]
+            target = f"{address}:{facts[other]['port']}:{other}:{facts[other]['pid']}"
+            argv = [sys.executable, str(HERE / "_stranger.py"), str(tmp_path / f"s{rank}.json"),
+                    "5", *map(str, STRANGER.values()), target]  # fmt: skip
+            strangers.append(subprocess.Popen(nodes.exec_in(rank, argv)))
+        for stranger in strangers:
+            stranger.wait(60)
+        (tmp_path / "done").write_text("")
+        ran = job.result()
+    reports = [json.loads((tmp_path / f"s{rank}.json").read_text()) for rank in (0, 1)]
+    print("strangers:", reports, _lines(ran))
+    assert [r.returncode for r in ran] == [0, 0], [r.stderr[-3000:] for r in ran]
+    for r in ran:
+        assert "distcompat: rank" not in r.stderr, r.stderr[-3000:]  # no loss
+        assert "no link to rank" not in r.stderr, r.stderr[-3000:]  # the ranks were linked
+    most = [int(line.rsplit("=", 1)[1]) for line in _lines(ran)]
+    assert max(most) < 100, most
+    for report in reports:
+        assert report["forged"]["held_at_end"] == 0, report
+        assert report["junk"]["held_at_end"] == 0, report
