@@ -30,12 +30,13 @@ from distcompat.collectives._peer_links import (
     linked,
     unproven_cap,
 )
+from distcompat.collectives._peer_watch import read_clock
 from distcompat.collectives._peers import LEFT, Identity
 from distcompat.testing import run_on_ranks
 
 SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
 SEEN = re.compile(
-    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
+    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d:.]+ UTC)\)"
 )
 
 
@@ -68,7 +69,8 @@ def test_a_peer_killed_on_another_machine_is_named_within_a_second(
     match = SEEN.search(ranks[0].stderr)
     assert match, ranks[0].stderr[-3000:]
     assert match.group(1) == "ended"  # a SIGKILLed rank leaves no farewell
-    after = float(match.group(2)) - float((directory / "killed").read_text())
+    killed = float((directory / "killed").read_text())
+    after = read_clock(match.group(2), near=killed) - killed
     assert 0 <= after < 1.0, f"rank 0 named rank 1 {after:.3f} s after its kill"
     assert "rank 0: raised PeerLostError" in ranks[0].stdout, ranks[0].stdout
 

@@ -22,7 +22,7 @@ from distcompat.collectives._peers import Lost
 
 SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
 SEEN = re.compile(
-    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
+    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d:.]+ UTC)\)"
 )
 
 pytestmark = pytest.mark.skipif(not _peer_watch.supported(), reason="needs pidfd_open (Linux)")
@@ -33,7 +33,8 @@ def _seen_after_kill(output: str, directory: Path) -> float:
     match = SEEN.search(output)
     assert match, output[-3000:]
     assert match.group(1) == "ended"  # a SIGKILLed rank leaves no farewell
-    return float(match.group(2)) - float((directory / "killed").read_text())
+    killed = float((directory / "killed").read_text())
+    return _peer_watch.read_clock(match.group(2), near=killed) - killed
 
 
 def test_a_killed_peer_is_named_within_100_ms_and_the_wait_raises_peer_lost(

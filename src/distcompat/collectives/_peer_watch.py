@@ -7,8 +7,9 @@ ends (an exception, ``os._exit``, SIGKILL, the OOM killer). For a peer on anothe
 holds an idle TCP link instead (``_peer_links``), which that process's kernel closes when it
 ends. The thread sleeps in ``poll`` on them all: no cost to any collective. When one fires it
 
-* logs one line naming the rank, its pid and host, and why it ended when the rank said so (its
-  farewell, ``_peers.leave_farewell``: the exception that ended it), milliseconds after the exit
+* logs one line naming the rank, its pid and host, why it ended when the rank said so (its
+  farewell, ``_peers.leave_farewell``: the exception that ended it) and the time of day it was
+  seen (``... ended (seen at 21:14:05.798 UTC)``, :func:`clock`), milliseconds after the exit
   and so before a launcher acts on it (torchrun's agent looks every 0.1 s, then stops the
   others). A rank that destroyed its group or whose script ended leaves on purpose: no line;
 * records the loss, which ``_peers.gone_peers`` reads: a rank waiting on the lost peer raises
@@ -48,7 +49,7 @@ from distcompat.collectives._peer_links import Links, all_linked, job_secret, li
 from distcompat.collectives._peers import LEFT, Identity, Lost
 from distcompat.launch._settings import choose_peer_links
 
-__all__ = ["start", "stop", "supported"]
+__all__ = ["clock", "read_clock", "start", "stop", "supported"]
 
 _log = logging.getLogger("distcompat.peers")
 
@@ -191,7 +192,7 @@ class _Watch:
             pid, host = (peer.pid, peer.host) if peer is not None else (0, "?")
             found = Lost(rank, pid, host, seen, said)
             self.seen[rank] = found
-            _log.error("distcompat: %s (seen at %.3f)", found.describe(), seen)
+            _log.error("distcompat: %s (seen at %s)", found.describe(), clock(seen))
             if self.relay and told is None:
                 _peer_relay.post(found)
         finally:
@@ -229,6 +230,32 @@ def _open(peer: Identity) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def clock(when: float) -> str:
+    """Return ``when`` (``time.time()``) as a time of day in UTC, to the millisecond.
+
+    Example:
+        >>> clock(1796148889.798)
+        '18:14:49.798 UTC'
+    """
+    whole = int(when)
+    return time.strftime("%H:%M:%S", time.gmtime(whole)) + f".{int((when - whole) * 1000):03d} UTC"
+
+
+def read_clock(text: str, near: float) -> float:
+    """Return the ``time.time()`` that :func:`clock` wrote as ``text``, the one nearest ``near``.
+
+    Example:
+        >>> read_clock("18:14:49.798 UTC", near=1796148880.0)
+        1796148889.798
+    """
+    hours, minutes, seconds = text.removesuffix(" UTC").split(":")
+    of_day = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    midnight = near - near % 86400
+    candidates = [midnight + day + of_day for day in (-86400.0, 0.0, 86400.0)]
+    nearest: float = min(candidates, key=lambda candidate: abs(candidate - near))
+    return round(nearest, 3)
 
 
 _watch: _Watch | None = None
