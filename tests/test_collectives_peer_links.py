@@ -419,3 +419,25 @@ def test_an_interface_without_an_address_opens_no_listener_and_says_why(
     with caplog.at_level("WARNING", "distcompat.peers"):
         assert _peer_watch._listener(1, 2) is None
     assert "not watched: nosuchif0 has no IPv4 address" in caplog.text
+
+
+def test_a_dial_closed_unanswered_is_made_again(pair: tuple[Links, Links]) -> None:
+    """The listener closes the first connection before reading it, as its cap does to the oldest
+    waiting one when a stranger floods it: the dialler connects again and gets its link."""
+    low, high = pair
+
+    def evict_then_serve() -> int | None:
+        assert select.select([high.listener], [], [], 5)[0]
+        first = high.accept()
+        assert first is not None
+        high._drop(first, Ended(None, ""))
+        return _serve_one(high)
+
+    address = next(a for a in Identity.here().addrs if not a.startswith("127."))
+    only = Identity("other", "elsewhere", os.getpid(), 0, (address,), high.port)  # one address
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(evict_then_serve)
+        assert low.dial(1, only) is not None
+        accepted = served.result()
+    assert accepted is not None
+    assert high.links[accepted].rank == 0

@@ -12,10 +12,9 @@ end reads end-of-file or a reset a network round trip later::
     wait_s = links.tick()                   # close what missed its deadline; when to come back
     links.close(LEFT)                       # "bye left" on every link, then close them all
 
-Nothing is sent while the ranks run: a link costs one socket on each side and no traffic.
-A rank that ends on purpose says so before its sockets close (``bye <farewell>``: "left", or
-the exception that ended it, ``_peers.own_farewell``), so its peers need not ask a store that
-may have ended with it.
+Nothing is sent while the ranks run: a link costs one socket on each side and no traffic. A
+rank that ends on purpose says so first (``bye <farewell>``: "left", or the exception that ended
+it, ``_peers.own_farewell``), so its peers need not ask a store that may have ended with it.
 
 The port is open to anyone who reaches the host, so a connection counts for nothing until it
 proves that it belongs to this job, and only a proven link's end is ever read as a peer's loss:
@@ -32,13 +31,10 @@ proves that it belongs to this job, and only a proven link's end is ever read as
 * **no descriptor left**: when ``accept`` fails with ``EMFILE``/``ENFILE`` the listener rests
   :data:`REST_S` (it would be readable again at once) and a line says what ran out.
 
-The secret is as safe as the rendezvous store, which torch documents as trusting its network:
-whoever can talk to the store can read it (docs/network.md).
-
-Which pairs are linked is :func:`linked`: ranks on different machines within :data:`REACH` of
-each other around the ring of ranks, so a process holds at most ``2 * REACH`` links; every pair
-is linked in a world of up to ``2 * REACH + 1`` ranks (:func:`all_linked`), and in a larger one
-the watch relays losses through the store (``_peer_relay``).
+The secret is as safe as the store, which torch documents as trusting its network (docs/
+network.md). Linked pairs (:func:`linked`): ranks on different machines within :data:`REACH` of
+each other around the ring, so at most ``2 * REACH`` links a process; every pair up to ``2 *
+REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_peer_relay``).
 
 Out of scope: a host that vanishes without closing its connections (power off, a cut cable)
 sends nothing; gloo's timeout and the watchdog cover that case. IPv4 only.
@@ -69,17 +65,17 @@ _log = logging.getLogger("distcompat.peers")
 REACH = 32
 #: How long a dial waits for a connection and for the peer's answer, per address (seconds).
 DIAL_TIMEOUT_S = 2.0
-#: How long an accepted connection has to prove that it is a peer of this job (seconds): a
-#: peer's proof takes one round trip after it connects.
+#: How long an accepted connection has to prove it is this job's peer (seconds; a proof: 1 RTT).
 HANDSHAKE_S = 2.0
 #: How long the listener rests after ``accept`` found no file descriptor left (seconds).
 REST_S = 1.0
+#: How often a dial is made when the peer's listener closes it unanswered, and the pause between.
+_TRIES, _RETRY_S = 3, 0.05
 #: How often a listener that keeps finding no file descriptor says so (seconds).
 _WARN_EVERY_S = 60.0
 #: Connections waiting to prove themselves beyond the peers that may dial this rank.
 _SPARE = 16
-_HELLO = "distcompat-link2"
-_BYE = "bye "
+_HELLO, _BYE = "distcompat-link2", "bye "
 _LINE_BYTES = 512  # a greeting is ~80 bytes; a farewell is cut at 300 characters (``_peers``)
 _SECRET_KEY = "distcompat/peer/secret"
 _NONCE_BYTES = 16
@@ -107,9 +103,7 @@ def all_linked(world: int) -> bool:
 
 
 def unproven_cap(world: int) -> int:
-    """Return how many accepted connections may wait to prove themselves at once.
-
-    Every peer that may dial this rank (at most ``2 * REACH``), plus a few spare.
+    """Return how many connections may wait to prove themselves: every peer that may dial, +16.
 
     Example:
         >>> unproven_cap(2), unproven_cap(1000)
@@ -121,8 +115,7 @@ def unproven_cap(world: int) -> int:
 def job_secret(store: Any) -> bytes | None:
     """Return the job's link secret, agreed through the rendezvous ``store`` (None: no store).
 
-    Each rank proposes 32 random bytes; the store keeps the first (``compare_set``), and every
-    rank reads that one back. One request per rank, at start-up.
+    Each rank proposes 32 random bytes; the store keeps the first (``compare_set``): one request.
 
     Example:
         >>> import torch.distributed as dist
@@ -213,35 +206,50 @@ class Links:
         """Link to ``peer`` (rank ``rank``); return the link's fd, or None if none answered.
 
         Tries the peer's addresses that this machine does not hold first (loopback never).
-        Blocks up to :data:`DIAL_TIMEOUT_S` per address tried.
+        Blocks up to :data:`DIAL_TIMEOUT_S` per address tried. A connection closed before any
+        answer (a stranger's flood past the listener's cap closed it first) is tried again, up
+        to :data:`_TRIES` times; a wrong answer (another process or job) is not.
         """
         addresses = [a for a in peer.addrs if not a.startswith("127.")]
         addresses.sort(key=lambda address: address in self.own)  # stable: theirs first
         for address in addresses if peer.port else ():
-            try:
-                sock = socket.create_connection((address, peer.port), timeout=DIAL_TIMEOUT_S)
-            except OSError:
-                continue
-            if self._prove(sock, rank, peer.pid):
-                return self._add(sock, rank)
-            sock.close()  # another process holds that address and port, or another job's
+            for _ in range(_TRIES):
+                try:
+                    sock = socket.create_connection((address, peer.port), timeout=DIAL_TIMEOUT_S)
+                except OSError:
+                    break
+                proven = self._prove(sock, rank, peer.pid)
+                if proven:
+                    return self._add(sock, rank)
+                sock.close()
+                if proven is False:  # another process holds that address and port, or job
+                    break
+                time.sleep(_RETRY_S)
         return None
 
-    def _prove(self, sock: socket.socket, rank: int, pid: int) -> bool:
-        """Run the dialler's half of the handshake; return True when the peer proved itself."""
+    def _prove(self, sock: socket.socket, rank: int, pid: int) -> bool | None:
+        """Run the dialler's half of the handshake; return whether the peer proved itself.
+
+        None when it closed without an answer; False when it answered wrong, or not in time.
+        """
         ours = secrets.token_hex(_NONCE_BYTES)
         words: tuple[object, ...] = (self.me, self.pid, rank, pid, ours)
         try:
             sock.sendall(_line(" ".join(map(str, (_HELLO, *words)))))
-            answer = _read_line(sock).decode(errors="replace").split()
+            said = _read_line(sock)
+            if not said:
+                return None
+            answer = said.decode(errors="replace").split()
             if len(answer) != 2:
                 return False
             theirs, proof = answer
             if not hmac.compare_digest(proof, _proof(self.secret, "answer", (*words, theirs))):
                 return False
             sock.sendall(_line(_proof(self.secret, "dial", (*words, theirs))))
-        except OSError:
+        except TimeoutError:
             return False
+        except OSError:  # reset before an answer
+            return None
         return True
 
     def accept(self) -> int | None:
@@ -272,11 +280,9 @@ class Links:
         if now - self.warned >= _WARN_EVERY_S:
             self.warned = now
             held = sum(1 for link in self.links.values() if link.rank is None)
-            _log.warning(
-                "distcompat: peer links take no new connection for %gs: %s (of them, %d are "
-                "connections waiting to prove themselves, at most %d)",
-                REST_S, ran_out(exc.errno), held, self.cap,
-            )  # fmt: skip
+            _log.warning("distcompat: peer links take no new connection for %gs: %s (of them, "
+                         "%d unproven links, at most %d)", REST_S, ran_out(exc.errno), held,
+                         self.cap)  # fmt: skip
 
     def tick(self) -> float | None:
         """Close what missed its handshake deadline, end the listener's rest; say when to return.
@@ -379,8 +385,7 @@ class Links:
 def _greeting(pending: bytearray) -> bool:
     """Return whether ``pending`` can still be the start of a greeting."""
     prefix = (_HELLO + " ").encode()
-    head = bytes(pending[: len(prefix)])
-    return prefix.startswith(head)
+    return prefix.startswith(bytes(pending[: len(prefix)]))
 
 
 def _read_line(sock: socket.socket) -> bytes:
