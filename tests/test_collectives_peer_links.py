@@ -441,3 +441,31 @@ def test_a_dial_closed_unanswered_is_made_again(pair: tuple[Links, Links]) -> No
         accepted = served.result()
     assert accepted is not None
     assert high.links[accepted].rank == 0
+
+
+def test_a_link_closed_after_its_proof_but_before_it_was_taken_is_no_link(
+    pair: tuple[Links, Links],
+) -> None:
+    """A stranger's flood can close a greeted connection before the listener reads its proof:
+    the dialler counts a link only once the listener says it took it, so that close is no
+    loss; it dials again instead."""
+    low, high = pair
+
+    def greet_evict_then_serve() -> int | None:
+        assert select.select([high.listener], [], [], 5)[0]
+        first = high.accept()
+        assert first is not None
+        assert select.select([first], [], [], 5)[0]
+        assert high.read(first) is None  # the greeting, answered with a challenge
+        high._drop(first, Ended(None, ""))  # closed before the proof is read
+        return _serve_one(high)
+
+    address = next(a for a in Identity.here().addrs if not a.startswith("127."))
+    only = Identity("other", "elsewhere", os.getpid(), 0, (address,), high.port)
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(greet_evict_then_serve)
+        dialled = low.dial(1, only)
+        accepted = served.result()
+    assert dialled is not None
+    assert accepted is not None
+    assert list(low.links) == [dialled]  # one link, the second one: the first was never counted

@@ -9,7 +9,6 @@ end reads end-of-file or a reset a network round trip later::
     links.attach(poller)                    # its sockets come and go in the watch's poll
     fd = links.dial(1, identity)            # the lower rank of a pair dials, the higher accepts
     ended = links.read(fd)                  # when poll says fd is readable: Ended, or None
-    wait_s = links.tick()                   # close what missed its deadline; when to come back
     links.close(LEFT)                       # "bye left" on every link, then close them all
 
 Nothing is sent while the ranks run: a link costs one socket on each side and no traffic. A
@@ -21,8 +20,9 @@ proves that it belongs to this job, and only a proven link's end is ever read as
 
 * **who**: the dialler greets with itself, the rank and pid it means and a random challenge; the
   listener answers with its own challenge and an HMAC-SHA256 of both under the job's secret
-  (:func:`job_secret`, set by the first rank in the rendezvous store), and the dialler answers
-  in kind: each proves it holds the secret without sending it, and a replay proves nothing;
+  (:func:`job_secret`, set by the first rank in the rendezvous store), the dialler answers in
+  kind, and the listener says the link is taken: each proves it holds the secret without
+  sending it, a replay proves nothing, and neither side counts a link the other has not;
 * **when**: a connection not proven within :data:`HANDSHAKE_S` is closed, and one whose first
   bytes are not a greeting at once;
 * **how many**: past :func:`unproven_cap` connections waiting to prove themselves, a new one
@@ -34,10 +34,9 @@ proves that it belongs to this job, and only a proven link's end is ever read as
 The secret is as safe as the store, which torch documents as trusting its network (docs/
 network.md). Linked pairs (:func:`linked`): ranks on different machines within :data:`REACH` of
 each other around the ring, so at most ``2 * REACH`` links a process; every pair up to ``2 *
-REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_peer_relay``).
-
-Out of scope: a host that vanishes without closing its connections (power off, a cut cable)
-sends nothing; gloo's timeout and the watchdog cover that case. IPv4 only.
+REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_peer_relay``). Out
+of scope: a host that vanishes without closing its sockets (power off, a cut cable) sends
+nothing (gloo's timeout and the watchdog cover it). IPv4 only.
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ DIAL_TIMEOUT_S = 2.0
 HANDSHAKE_S = 2.0
 #: How long the listener rests after ``accept`` found no file descriptor left (seconds).
 REST_S = 1.0
+_TAKEN = b"taken\n"  # the listener's last word of the handshake: the proof was taken
 #: How often a dial is made when the peer's listener closes it unanswered, and the pause between.
 _TRIES, _RETRY_S = 3, 0.05
 #: How often a listener that keeps finding no file descriptor says so (seconds).
@@ -190,8 +190,7 @@ class Links:
     def attach(self, poller: select.poll) -> None:
         """Put the listener, and every link from now on, in ``poller`` (the watch's)."""
         self.poller = poller
-        poller.register(self.listener.fileno(), select.POLLIN)
-        for fd in self.links:
+        for fd in (self.listener.fileno(), *self.links):
             poller.register(fd, select.POLLIN)
 
     def _add(self, sock: socket.socket, rank: int | None) -> int:
@@ -246,6 +245,9 @@ class Links:
             if not hmac.compare_digest(proof, _proof(self.secret, "answer", (*words, theirs))):
                 return False
             sock.sendall(_line(_proof(self.secret, "dial", (*words, theirs))))
+            taken = _read_line(sock)  # a link closed before this was no link: no loss when it ends
+            if taken != _TAKEN:
+                return None if not taken else False
         except TimeoutError:
             return False
         except OSError:  # reset before an answer
@@ -294,16 +296,10 @@ class Links:
             self.resting_until = None
             if self.poller is not None:
                 self.poller.register(self.listener.fileno(), select.POLLIN)
-        expired = [
-            fd
-            for fd, link in self.links.items()
-            if link.rank is None and now - link.since >= HANDSHAKE_S
-        ]
-        for fd in expired:
+        due = {fd: k.since + HANDSHAKE_S - now for fd, k in self.links.items() if k.rank is None}
+        for fd in [fd for fd, left in due.items() if left <= 0]:  # past the handshake deadline
             self._drop(fd, Ended(None, ""))
-        waits = [
-            link.since + HANDSHAKE_S - now for link in self.links.values() if link.rank is None
-        ]
+        waits = [left for left in due.values() if left > 0]
         if self.resting_until is not None:
             waits.append(self.resting_until - now)
         return max(0.0, min(waits)) if waits else None
@@ -367,7 +363,9 @@ class Links:
         expected = _proof(self.secret, "dial", (rank, pid, self.me, self.pid, theirs, ours))
         if not hmac.compare_digest(text.strip(), expected):
             return False
-        link.rank = rank
+        link.rank = rank  # proven: no cap or deadline closes it from now on
+        with contextlib.suppress(OSError):
+            link.sock.send(_TAKEN)  # the dialler counts the link only once it reads this
         return True
 
     def close(self, said: str) -> None:
