@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distcompat.collectives._peer_watch import read_clock
+from distcompat.peers import read_clock
 
 ROOT = Path(__file__).resolve().parents[1]
 SEEN = re.compile(r"distcompat: rank 1 \(pid \d+ on \S+\) ended \(seen at ([\d:.]+ UTC)\)")

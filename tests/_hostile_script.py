@@ -39,10 +39,10 @@ def _open_files() -> int:
 
 
 def _link_port(rank: int) -> int:
-    from distcompat.collectives import _peers
+    from distcompat import peers
 
     for _ in range(100):
-        found = _peers.identities_of({rank})
+        found = peers.identities_of({rank})
         if rank in found:
             return found[rank].port
         time.sleep(0.05)

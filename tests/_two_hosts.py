@@ -6,7 +6,7 @@
 
 Each rank runs in its own network namespace (``tools/launchers/netns.py``: a veth pair,
 10.77.0.1 and 10.77.0.2, nothing else) and its own pid namespace (``unshare --pid``), so its
-identity's machine (boot id + pid namespace, ``collectives._peers``) differs from the other's
+identity's machine (boot id + pid namespace, ``peers._identity``) differs from the other's
 and no pidfd can reach it. What is simulated: the kernel and boot id are shared. ``netns`` is
 imported when the nodes are made: the sdist's tests have the package only, no ``tools/``.
 """

@@ -389,7 +389,7 @@ def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:
 
     import distcompat.distributed as dist
     from distcompat.collectives import all_reduce
-    from distcompat.collectives._peers import Identity
+    from distcompat.peers import Identity
 
     class Elsewhere(Identity):
         @classmethod

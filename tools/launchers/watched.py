@@ -18,7 +18,7 @@
   and after SIGCONT the job completes (exit 0).
 
 The tests run the same under ``run_ranks`` and ``torchrun`` (tests/test_process_group_init_watch.py,
-tests/test_collectives_peer_watch.py); these are the other launcher, for real.
+tests/test_peers_watch.py); these are the other launcher, for real.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from cases import HERE, Context
 from elastic import Restart
 from verdict import Verdict
 
-from distcompat.collectives._peer_watch import read_clock
+from distcompat.peers import read_clock
 
 WATCH_PROBE = HERE / "watch_probe.py"
 THRESHOLD_S = 2.0

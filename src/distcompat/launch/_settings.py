@@ -15,8 +15,8 @@ does for the device and the timeout::
   whose ranks all run on this machine go through shared memory instead of gloo (``auto``: for the
   ops and sizes where it measured faster; ``on``: for every op and size it supports).
 * ``DISTCOMPAT_PEER_LINKS``: ``on`` (the default), ``off``, an IPv4 address or an interface
-  name. Where a rank of a multi-machine job listens for its peers' links (``collectives.
-  _peer_links``): every interface, none, or that address (the interface's IPv4 address).
+  name. Where a rank of a multi-machine job listens for its peers' links (``peers._links``):
+  every interface, none, or that address (the interface's IPv4 address).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the

@@ -35,7 +35,7 @@ import secrets
 import torch
 
 from distcompat._scarcity import exhausted, ran_out
-from distcompat.collectives._peers import Identity, _dead
+from distcompat.peers import Identity, is_alive
 
 __all__ = [
     "MAX_WORLD",
@@ -147,7 +147,7 @@ def sweep_leftovers() -> tuple[str, ...]:
             if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
                 continue
             creator = Identity("", "", int(parts[0]), int(parts[1]), ())
-            if _dead(creator):
+            if not is_alive(creator):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, name))
                     removed.append(name)

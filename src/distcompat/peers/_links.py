@@ -1,7 +1,7 @@
 """Links to peers on other machines: an idle TCP connection whose end says that a peer ended.
 
 A pidfd names a process of this machine only. For a peer on another machine the peer watch
-(``_peer_watch``) holds an idle TCP connection instead: when a process ends, however it ends (an
+(``_watch``) holds an idle TCP connection instead: when a process ends, however it ends (an
 exception, ``os._exit``, SIGKILL, the OOM killer), its kernel closes its sockets, and the other
 end reads end-of-file or a reset a network round trip later::
 
@@ -13,7 +13,7 @@ end reads end-of-file or a reset a network round trip later::
 
 Nothing is sent while the ranks run: a link costs one socket on each side and no traffic. A
 rank that ends on purpose says so first (``bye <farewell>``: "left", or the exception that ended
-it, ``_peers.own_farewell``), so its peers need not ask a store that may have ended with it.
+it, ``_registry.own_farewell``), so its peers need not ask a store that may have ended with it.
 
 The port is open to anyone who reaches the host, so a connection counts for nothing until it
 proves that it belongs to this job, and only a proven link's end is ever read as a peer's loss:
@@ -34,7 +34,7 @@ proves that it belongs to this job, and only a proven link's end is ever read as
 The secret is as safe as the store, which torch documents as trusting its network (docs/
 network.md). Linked pairs (:func:`linked`): ranks on different machines within :data:`REACH` of
 each other around the ring, so at most ``2 * REACH`` links a process; every pair up to ``2 *
-REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_peer_relay``). Out
+REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_relay``). Out
 of scope: a host that vanishes without closing its sockets (power off, a cut cable) sends
 nothing (gloo's timeout and the watchdog cover it). IPv4 only.
 """
@@ -45,18 +45,28 @@ import contextlib
 import errno
 import hmac
 import logging
-import secrets
 import select
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from distcompat._scarcity import ran_out
-from distcompat.collectives._peers import LEFT, Identity
+from distcompat.peers._identity import Identity
+from distcompat.peers._registry import LEFT
+from distcompat.peers._talk import (
+    BYE,
+    HELLO,
+    LINE_BYTES,
+    could_greet,
+    greeting,
+    line,
+    nonce,
+    proof,
+    read_line,
+)
 
 __all__ = ["DIAL_TIMEOUT_S", "HANDSHAKE_S", "REACH", "REST_S", "Ended", "Links", "all_linked",
-           "job_secret", "linked", "unproven_cap"]  # fmt: skip
+           "linked", "unproven_cap"]  # fmt: skip
 
 _log = logging.getLogger("distcompat.peers")
 
@@ -75,10 +85,6 @@ _TRIES, _RETRY_S = 3, 0.05
 _WARN_EVERY_S = 60.0
 #: Connections waiting to prove themselves beyond the peers that may dial this rank.
 _SPARE = 16
-_HELLO, _BYE = "distcompat-link2", "bye "
-_LINE_BYTES = 512  # a greeting is ~80 bytes; a farewell is cut at 300 characters (``_peers``)
-_SECRET_KEY = "distcompat/peer/secret"
-_NONCE_BYTES = 16
 
 
 def linked(a: int, b: int, world: int) -> bool:
@@ -112,30 +118,6 @@ def unproven_cap(world: int) -> int:
     return min(world - 1, 2 * REACH) + _SPARE
 
 
-def job_secret(store: Any) -> bytes | None:
-    """Return the job's link secret, agreed through the rendezvous ``store`` (None: no store).
-
-    Each rank proposes 32 random bytes; the store keeps the first (``compare_set``): one request.
-
-    Example:
-        >>> import torch.distributed as dist
-        >>> store = dist.HashStore()
-        >>> job_secret(store) == job_secret(store)
-        True
-    """
-    try:
-        agreed = store.compare_set(_SECRET_KEY, "", secrets.token_hex(32))
-    except (RuntimeError, ValueError, AttributeError):
-        return None
-    return bytes(agreed) or None
-
-
-def _proof(secret: bytes, role: str, words: tuple[object, ...]) -> str:
-    """Return the HMAC of ``role`` and ``words`` under ``secret`` (hex)."""
-    message = " ".join(map(str, (role, *words))).encode()
-    return hmac.new(secret, message, "sha256").hexdigest()
-
-
 @dataclass(frozen=True, slots=True)
 class Ended:
     """A link that ended: whose (None: not a proven peer's), and what it said ("": nothing)."""
@@ -152,11 +134,6 @@ class _Link:
     said: str = ""
     pending: bytearray = field(default_factory=bytearray)
     claim: tuple[int, int, str, str] | None = None  # greeted: (rank, pid, its nonce, ours)
-
-
-def _line(text: str) -> bytes:
-    """One line of the link's talk: ``text`` on one line, cut to fit :data:`_LINE_BYTES`."""
-    return " ".join(text.split()).encode()[: _LINE_BYTES - 1] + b"\n"
 
 
 class Links:
@@ -231,21 +208,21 @@ class Links:
 
         None when it closed without an answer; False when it answered wrong, or not in time.
         """
-        ours = secrets.token_hex(_NONCE_BYTES)
+        ours = nonce()
         words: tuple[object, ...] = (self.me, self.pid, rank, pid, ours)
         try:
-            sock.sendall(_line(" ".join(map(str, (_HELLO, *words)))))
-            said = _read_line(sock)
+            sock.sendall(greeting(words))
+            said = read_line(sock)
             if not said:
                 return None
             answer = said.decode(errors="replace").split()
             if len(answer) != 2:
                 return False
-            theirs, proof = answer
-            if not hmac.compare_digest(proof, _proof(self.secret, "answer", (*words, theirs))):
+            theirs, shown = answer
+            if not hmac.compare_digest(shown, proof(self.secret, "answer", (*words, theirs))):
                 return False
-            sock.sendall(_line(_proof(self.secret, "dial", (*words, theirs))))
-            taken = _read_line(sock)  # a link closed before this was no link: no loss when it ends
+            sock.sendall(line(proof(self.secret, "dial", (*words, theirs))))
+            taken = read_line(sock)  # a link closed before this was no link: no loss when it ends
             if taken != _TAKEN:
                 return None if not taken else False
         except TimeoutError:
@@ -282,9 +259,11 @@ class Links:
         if now - self.warned >= _WARN_EVERY_S:
             self.warned = now
             held = sum(1 for link in self.links.values() if link.rank is None)
-            _log.warning("distcompat: peer links take no new connection for %gs: %s (of them, "
-                         "%d unproven links, at most %d)", REST_S, ran_out(exc.errno), held,
-                         self.cap)  # fmt: skip
+            _log.warning(
+                "distcompat: peer links take no new connection for %gs: %s (of them, %d are "
+                "connections waiting to prove themselves, at most %d)",
+                REST_S, ran_out(exc.errno), held, self.cap,
+            )  # fmt: skip
 
     def tick(self) -> float | None:
         """Close what missed its handshake deadline, end the listener's rest; say when to return.
@@ -308,19 +287,19 @@ class Links:
         """Read what link ``fd`` has; return :class:`Ended` (it is closed then) or None."""
         link = self.links[fd]
         try:
-            data = link.sock.recv(_LINE_BYTES)
+            data = link.sock.recv(LINE_BYTES)
         except BlockingIOError:
             return None
         except OSError:  # ECONNRESET: the peer's kernel reset it (unread data, or SIGKILL)
             data = b""
         if data:
             link.pending += data
-            if link.rank is None and link.claim is None and not _greeting(link.pending):
+            if link.rank is None and link.claim is None and not could_greet(link.pending):
                 return self._drop(fd, Ended(None, ""))  # not a link's first bytes
             while b"\n" in link.pending:
                 if not self._heard(link):  # a stranger: drop it
                     return self._drop(fd, Ended(None, ""))
-            if len(link.pending) <= _LINE_BYTES:
+            if len(link.pending) <= LINE_BYTES:
                 return None
             return self._drop(fd, Ended(None, ""))  # a line too long: not one of ours
         return self._drop(fd, Ended(link.rank, link.said))
@@ -337,30 +316,30 @@ class Links:
 
     def _heard(self, link: _Link) -> bool:
         """Take one line of ``link``; return False when the link is of no use (a stranger)."""
-        line, _, rest = link.pending.partition(b"\n")
+        heard, _, rest = link.pending.partition(b"\n")
         link.pending = bytearray(rest)
-        text = line.decode(errors="replace")
+        text = heard.decode(errors="replace")
         if link.rank is not None:
-            if text.startswith(_BYE) and not link.said:
-                link.said = text[len(_BYE) :] or LEFT
+            if text.startswith(BYE) and not link.said:
+                link.said = text[len(BYE) :] or LEFT
             return True
         if link.claim is None:  # its greeting: who dials, whom it means, and its challenge
             words = text.split()
-            if len(words) != 6 or words[0] != _HELLO or not all(w.isdigit() for w in words[1:5]):
+            if len(words) != 6 or words[0] != HELLO or not all(w.isdigit() for w in words[1:5]):
                 return False
             rank, pid, meant, meant_pid = map(int, words[1:5])
             if not (rank < self.me and linked(rank, self.me, self.world)):
                 return False
             if (meant, meant_pid) != (self.me, self.pid):
                 return False
-            ours = secrets.token_hex(_NONCE_BYTES)
+            ours = nonce()
             link.claim = (rank, pid, words[5], ours)
-            answer = _proof(self.secret, "answer", (rank, pid, self.me, self.pid, words[5], ours))
+            answer = proof(self.secret, "answer", (rank, pid, self.me, self.pid, words[5], ours))
             with contextlib.suppress(OSError):
-                link.sock.send(_line(f"{ours} {answer}"))  # a few bytes into an empty buffer
+                link.sock.send(line(f"{ours} {answer}"))  # a few bytes into an empty buffer
             return True
         rank, pid, theirs, ours = link.claim  # its proof of the job's secret
-        expected = _proof(self.secret, "dial", (rank, pid, self.me, self.pid, theirs, ours))
+        expected = proof(self.secret, "dial", (rank, pid, self.me, self.pid, theirs, ours))
         if not hmac.compare_digest(text.strip(), expected):
             return False
         link.rank = rank  # proven: no cap or deadline closes it from now on
@@ -370,7 +349,7 @@ class Links:
 
     def close(self, said: str) -> None:
         """Tell every linked peer ``said`` (this rank's farewell), then close every socket."""
-        bye = _line(_BYE + said)
+        bye = line(BYE + said)
         for link in self.links.values():
             if link.rank is not None:
                 with contextlib.suppress(OSError):
@@ -378,20 +357,3 @@ class Links:
             link.sock.close()
         self.links.clear()
         self.listener.close()
-
-
-def _greeting(pending: bytearray) -> bool:
-    """Return whether ``pending`` can still be the start of a greeting."""
-    prefix = (_HELLO + " ").encode()
-    return prefix.startswith(bytes(pending[: len(prefix)]))
-
-
-def _read_line(sock: socket.socket) -> bytes:
-    """Read up to a newline (the socket's timeout bounds each receive)."""
-    got = b""
-    while not got.endswith(b"\n") and len(got) < _LINE_BYTES:
-        chunk = sock.recv(_LINE_BYTES - len(got))
-        if not chunk:
-            break
-        got += chunk
-    return got

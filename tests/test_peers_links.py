@@ -1,4 +1,4 @@
-"""A peer on another machine that ends is named within a second (``collectives._peer_links``).
+"""A peer on another machine that ends is named within a second (``peers._links``).
 
 Two "machines" on this one (``_two_hosts``): each rank in its own network namespace and its
 own pid namespace, so its identity's machine (boot id + pid namespace) differs from the other's
@@ -22,16 +22,14 @@ from pathlib import Path
 import pytest
 
 from _two_hosts import Ran, needs_namespaces, run_pair, two_nodes
-from distcompat.collectives._peer_links import (
+from distcompat.peers import LEFT, Identity, job_secret, read_clock
+from distcompat.peers._links import (
     Ended,
     Links,
     all_linked,
-    job_secret,
     linked,
     unproven_cap,
 )
-from distcompat.collectives._peer_watch import read_clock
-from distcompat.collectives._peers import LEFT, Identity
 from distcompat.testing import run_on_ranks
 
 SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
@@ -103,15 +101,14 @@ def test_the_exception_that_ended_a_peer_on_another_machine_is_told(
 def _relayed() -> list[tuple[int, str]]:
     """Rank 0 posts two losses; every rank reads them back, then nothing more."""
     import distcompat.distributed as dist
-    from distcompat.collectives import _peer_relay
-    from distcompat.collectives._peers import Lost
+    from distcompat.peers import Lost, _relay
 
     if dist.get_rank() == 0:
-        _peer_relay.post(Lost(5, 11, "node5", 0.0, ""))
-        _peer_relay.post(Lost(6, 12, "node6", 0.0, "KeyError: 'x' at a.py:3"))
+        _relay.post(Lost(5, 11, "node5", 0.0, ""))
+        _relay.post(Lost(6, 12, "node6", 0.0, "KeyError: 'x' at a.py:3"))
     dist.barrier()
-    count, found = _peer_relay.read_since(0, seen=1.0)
-    assert _peer_relay.read_since(count) == (count, [])
+    count, found = _relay.read_since(0, seen=1.0)
+    assert _relay.read_since(count) == (count, [])
     return [(lost.rank, lost.describe()) for lost in found if lost.seen == 1.0]
 
 
@@ -231,9 +228,9 @@ def test_a_stranger_that_connects_is_dropped_without_a_loss(pair: tuple[Links, L
 def _published_ports() -> list[int]:
     import torch.distributed as dist
 
-    from distcompat.collectives import _peers
+    from distcompat import peers
 
-    return [who.port for who in _peers.identities_of(set(range(dist.get_world_size()))).values()]
+    return [who.port for who in peers.identities_of(set(range(dist.get_world_size()))).values()]
 
 
 def test_a_job_on_one_machine_opens_no_port() -> None:
@@ -312,9 +309,9 @@ def test_a_forged_greeting_without_the_proof_ends_with_no_loss(pair: tuple[Links
 def test_an_idle_connection_is_closed_at_its_handshake_deadline(
     pair: tuple[Links, Links], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distcompat.collectives import _peer_links
+    from distcompat.peers import _links
 
-    monkeypatch.setattr(_peer_links, "HANDSHAKE_S", 0.2)
+    monkeypatch.setattr(_links, "HANDSHAKE_S", 0.2)
     _, high = pair
     with _stranger(high, b"") as stranger:
         due = high.tick()
@@ -358,9 +355,9 @@ def test_a_listener_out_of_descriptors_rests_and_says_what_ran_out(
 ) -> None:
     """accept's EMFILE: the listener leaves the poll for REST_S (no busy loop), one line why."""
     from _no_fds import no_fds
-    from distcompat.collectives import _peer_links
+    from distcompat.peers import _links
 
-    monkeypatch.setattr(_peer_links, "REST_S", 0.2)
+    monkeypatch.setattr(_links, "REST_S", 0.2)
     _, high = pair
     poller = select.poll()
     high.attach(poller)
@@ -391,14 +388,14 @@ def test_the_listener_binds_where_distcompat_peer_links_says(
     store that gives the secret is a HashStore here (no group)."""
     import torch.distributed as dist
 
-    from distcompat.collectives import _peer_watch, _peers
+    from distcompat.peers import _registry, _watch
 
     if setting is None:
         monkeypatch.delenv("DISTCOMPAT_PEER_LINKS", raising=False)
     else:
         monkeypatch.setenv("DISTCOMPAT_PEER_LINKS", setting)
-    monkeypatch.setattr(_peers, "rendezvous_store", dist.HashStore)
-    links = _peer_watch._listener(1, 2)
+    monkeypatch.setattr(_registry, "rendezvous_store", dist.HashStore)
+    links = _watch._listener(1, 2)
     try:
         address = None if links is None else links.listener.getsockname()[0]
         assert address == bound
@@ -412,12 +409,12 @@ def test_an_interface_without_an_address_opens_no_listener_and_says_why(
 ) -> None:
     import torch.distributed as dist
 
-    from distcompat.collectives import _peer_watch, _peers
+    from distcompat.peers import _registry, _watch
 
     monkeypatch.setenv("DISTCOMPAT_PEER_LINKS", "nosuchif0")
-    monkeypatch.setattr(_peers, "rendezvous_store", dist.HashStore)
+    monkeypatch.setattr(_registry, "rendezvous_store", dist.HashStore)
     with caplog.at_level("WARNING", "distcompat.peers"):
-        assert _peer_watch._listener(1, 2) is None
+        assert _watch._listener(1, 2) is None
     assert "not watched: nosuchif0 has no IPv4 address" in caplog.text
 
 
