@@ -1,6 +1,6 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, comparisons, anysize, conformance,
+    nox                      # the default sessions: tests, comparisons, anysize, hostile,
                              # lint, typing, docs, launchers, build
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
@@ -27,8 +27,8 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    "tests", "comparisons", "anysize", "conformance", "lint", "typing", "docs", "launchers",
-    "build",
+    "tests", "comparisons", "anysize", "hostile", "conformance", "lint", "typing", "docs",
+    "launchers", "build",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -61,10 +61,11 @@ def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite on gloo multi-process groups (no GPU needed)."""
     install(session, "tests")
-    # -m replaces pyproject's: the plain-gloo comparisons run in their own session
-    # --durations: the slowest items, to keep the session under its 10-minute goal
-    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize", "--durations=15",
-                *session.posargs)  # fmt: skip
+    # -m replaces pyproject's: the plain-gloo comparisons, the runs at several world sizes and
+    # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
+    # the session under its 10-minute goal
+    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
+                "--durations=15", *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON)
@@ -117,6 +118,16 @@ def anysize(session: nox.Session) -> None:
     minutes."""
     install(session, "tests")
     session.run("pytest", "tests", "-m", "anysize", "-q", "-p", "no:cacheprovider",
+                *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def hostile(session: nox.Session) -> None:
+    """Jobs under conditions they do not control (tests/test_hostile.py: a stranger on the link
+    ports, 1,024 open files, full file systems, a tiny /dev/shm; about a minute on 2 cores).
+    The file systems need root (a mount namespace); without it those cases skip."""
+    install(session, "tests")
+    session.run("pytest", "tests/test_hostile.py", "-m", "hostile", "-q", "-p", "no:cacheprovider",
                 *session.posargs)  # fmt: skip
 
 

@@ -21,8 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from distcompat.peers import read_clock
+
 ROOT = Path(__file__).resolve().parents[1]
-SEEN = re.compile(r"distcompat: rank 1 \(pid \d+ on \S+\) ended \(seen at ([\d.]+)\)")
+SEEN = re.compile(r"distcompat: rank 1 \(pid \d+ on \S+\) ended \(seen at ([\d:.]+ UTC)\)")
 
 
 def main() -> None:
@@ -42,7 +44,7 @@ def main() -> None:
                 if match is None:
                     sys.exit(f"run {run}: no line naming rank 1\n{ranks[0].stderr[-3000:]}")
                 killed = float((Path(directory) / "killed").read_text())
-            took.append((float(match.group(1)) - killed) * 1000)
+            took.append((read_clock(match.group(1), near=killed) - killed) * 1000)
             raised = ranks[0].stdout.strip().splitlines()[-1][:100] if ranks[0].stdout else "-"
             print(f"run {run}: {took[-1]:.1f} ms; {raised}", flush=True)
     print(f"kill to line across machines, {len(took)} runs: median "

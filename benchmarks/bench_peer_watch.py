@@ -6,7 +6,7 @@ Usage::
 
 Two local gloo ranks (``torchrun``'s contract, the drop-in init, every default on). Each pair
 times ``--calls`` all_reduces of 4 floats with the pidfd watch running (init started it), then
-with it stopped (``_peer_watch.stop()``), then started again, the order alternating between
+with it stopped (``peers.stop()``), then started again, the order alternating between
 pairs so that drift falls on both sides (each restart is given 0.2 s to read its peers'
 identities from the store before the calls are timed: a start-up cost, not a per-call one; the
 stopped side sleeps as long). Prints the median time per call of each side and the
@@ -29,7 +29,7 @@ def _rank(pairs: int, calls: int) -> None:
     import torch
 
     import distcompat.distributed as dist
-    from distcompat.collectives import _peer_watch
+    from distcompat import peers
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -48,10 +48,10 @@ def _rank(pairs: int, calls: int) -> None:
         took = {}
         for side in ("on", "off") if index % 2 == 0 else ("off", "on"):
             if side == "off":
-                _peer_watch.stop()
+                peers.stop()
                 time.sleep(0.2)
             else:
-                _peer_watch.start(rank, world)
+                peers.start(rank, world)
                 time.sleep(0.2)  # it reads its peers' identities first: not the calls' cost
             took[side] = timed()
         on.append(took["on"])

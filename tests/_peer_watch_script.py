@@ -1,4 +1,4 @@
-"""Rank script for tests/test_collectives_peer_watch.py: a peer that ends, every default on.
+"""Rank script for tests/test_peers_watch.py: a peer that ends, every default on.
 
     python _peer_watch_script.py SCENARIO DIR      # under run_ranks or torchrun, 2 ranks
 
@@ -8,7 +8,7 @@ Rank 0 waits in an all_reduce that rank 1 never joins; rank 1, 1 s in, ends:
 * ``raise``: raises ValueError outside any collective (an unhandled exception);
 * ``leave``: destroys its group and exits 0 (rank 0 sleeps instead of waiting, then leaves);
 * ``loop``: both ranks all_reduce in a loop; rank 1, 1 s in, SIGKILLs itself between two calls
-  (tests/test_collectives_peer_links.py runs it with the ranks on two "machines").
+  (tests/test_peers_links.py runs it with the ranks on two "machines").
 
 Rank 0 prints ``rank 0: raised TYPE: MESSAGE`` for the error its all_reduce raised.
 """

@@ -6,7 +6,7 @@
 
 Each rank runs in its own network namespace (``tools/launchers/netns.py``: a veth pair,
 10.77.0.1 and 10.77.0.2, nothing else) and its own pid namespace (``unshare --pid``), so its
-identity's machine (boot id + pid namespace, ``collectives._peers``) differs from the other's
+identity's machine (boot id + pid namespace, ``peers._identity``) differs from the other's
 and no pidfd can reach it. What is simulated: the kernel and boot id are shared. ``netns`` is
 imported when the nodes are made: the sdist's tests have the package only, no ``tools/``.
 """
@@ -14,6 +14,7 @@ imported when the nodes are made: the sdist's tests have the package only, no ``
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -65,11 +66,19 @@ def two_nodes() -> AbstractContextManager[Any]:
     return _netns().TwoNodes.create()  # type: ignore[no-any-return]
 
 
-def run_pair(nodes: Any, script: Path, args: Sequence[str], port: int) -> list[Ran]:
+def run_pair(
+    nodes: Any, script: Path, args: Sequence[str], port: int, *, nofile: int | None = None
+) -> list[Ran]:
     """Run ``script`` on 2 ranks, rank k on node k in its own pid namespace; wait for both.
 
     Rank 0 hosts the store at ``port`` on its node (``torchrun --nnodes=2``'s contract).
+    ``nofile``: the ranks' open-file limit (``RLIMIT_NOFILE``, soft and hard).
     """
+
+    def limit() -> None:
+        if nofile is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
     base = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
     for name in ("MASTER_ADDR", "MASTER_PORT", "GLOO_SOCKET_IFNAME"):
         base.pop(name, None)
@@ -91,6 +100,7 @@ def run_pair(nodes: Any, script: Path, args: Sequence[str], port: int) -> list[R
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                preexec_fn=limit,
             )
         )
     ran = []

@@ -30,9 +30,10 @@ ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 #: Bottom to top. A unit is a subpackage or a top-level module of distcompat ("distcompat" is the
 #: package's own ``__init__``, the public face). A unit may import itself and lower layers only.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("_files", "_command", "_version", "_extras")),
+    ("base", ("_files", "_command", "_version", "_extras", "_scarcity", "_store")),
     ("launch", ("launch",)),
     ("ranks", ("_ranks", "env")),
+    ("peers", ("peers",)),
     ("collectives", ("collectives",)),
     ("helpers", ("diagnostics", "checkpoint", "data", "join", "attention", "anysize")),
     ("logging", ("rank_logging",)),

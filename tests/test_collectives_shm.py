@@ -389,7 +389,7 @@ def _as_if_on_two_machines() -> tuple[bool, str, list[float]]:
 
     import distcompat.distributed as dist
     from distcompat.collectives import all_reduce
-    from distcompat.collectives._peers import Identity
+    from distcompat.peers import Identity
 
     class Elsewhere(Identity):
         @classmethod
@@ -582,3 +582,15 @@ def test_folds_run_on_one_thread_and_the_callers_count_is_kept() -> None:
         assert set(seen["fold"]) == {1}  # and not empty
         assert seen["caller"] == [2, 2]
         assert seen["callback"] == [2]
+
+
+def test_a_segment_not_made_for_want_of_descriptors_says_so_with_the_limit() -> None:
+    """EMFILE at the segment's creation: the fallback's reason names the open-file limit."""
+    from _no_fds import no_fds
+    from distcompat.collectives.shm._segment import SegmentError
+
+    with no_fds(), pytest.raises(SegmentError) as caught:
+        Segment.create(2, 1 << 16)
+    assert "cannot create /dev/shm/" in str(caught.value)
+    assert "too many open files: this process holds all " in str(caught.value)
+    assert "(RLIMIT_NOFILE)" in str(caught.value)

@@ -112,3 +112,17 @@ def test_mismatch_check_is_on_unless_turned_off(text: str | None, on: bool) -> N
 def test_mismatch_check_refuses_other_values() -> None:
     with pytest.raises(LaunchEnvError, match="DISTCOMPAT_MISMATCH_CHECK='maybe'"):
         choose_mismatch_check(environ={"DISTCOMPAT_MISMATCH_CHECK": "maybe"})
+
+
+def test_peer_links_listen_everywhere_unless_told_an_address_an_interface_or_off() -> None:
+    from distcompat.launch._settings import PEER_LINKS_VARIABLE, choose_peer_links
+
+    assert choose_peer_links(environ={}).bind == "0.0.0.0"
+    assert choose_peer_links(environ={PEER_LINKS_VARIABLE: "on"}).on
+    assert not choose_peer_links(environ={PEER_LINKS_VARIABLE: "off"}).on
+    assert choose_peer_links(environ={PEER_LINKS_VARIABLE: " 10.0.0.3 "}).bind == "10.0.0.3"
+    chosen = choose_peer_links(environ={PEER_LINKS_VARIABLE: "eth0"})
+    assert (chosen.bind, chosen.reason) == ("eth0", "interface eth0: DISTCOMPAT_PEER_LINKS=eth0")
+    for bad in ("10.0.0", "a very long interface name", "eth0;rm"):
+        with pytest.raises(LaunchEnvError, match=f"DISTCOMPAT_PEER_LINKS='{bad}': expected on"):
+            choose_peer_links(environ={PEER_LINKS_VARIABLE: bad})

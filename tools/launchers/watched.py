@@ -18,7 +18,7 @@
   and after SIGCONT the job completes (exit 0).
 
 The tests run the same under ``run_ranks`` and ``torchrun`` (tests/test_process_group_init_watch.py,
-tests/test_collectives_peer_watch.py); these are the other launcher, for real.
+tests/test_peers_watch.py); these are the other launcher, for real.
 """
 
 from __future__ import annotations
@@ -36,11 +36,13 @@ from cases import HERE, Context
 from elastic import Restart
 from verdict import Verdict
 
+from distcompat.peers import read_clock
+
 WATCH_PROBE = HERE / "watch_probe.py"
 THRESHOLD_S = 2.0
 LATE_REPORT = re.compile(r"rank 0 has waited (\d+)s in init, in the rendezvous: (.*)")
 SEEN = re.compile(
-    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
+    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d:.]+ UTC)\)"
 )
 
 
@@ -82,7 +84,8 @@ def _rank_1_seen(ctx: Context, mode: str) -> tuple[procs.Finished, str, float] |
     killed = out / "killed"
     if match is None or not killed.exists():
         return Verdict(ok=False, line=f"FAIL no line naming rank 1: {finished.tail()}")
-    return finished, match.group(1), float(match.group(2)) - float(killed.read_text("utf-8"))
+    ended = float(killed.read_text("utf-8"))
+    return finished, match.group(1), read_clock(match.group(2), near=ended) - ended
 
 
 def openmpi_kill_named(ctx: Context) -> Verdict:

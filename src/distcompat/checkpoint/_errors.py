@@ -6,11 +6,14 @@ Each exception subclasses the matching builtin; :class:`RngStateWarning` is what
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckpointCorruptError",
     "CheckpointExistsError",
     "CheckpointNotFoundError",
     "CheckpointSyncError",
+    "CheckpointWriteError",
     "PerRankStateError",
     "ResumeStateError",
     "RngStateWarning",
@@ -54,3 +57,35 @@ class RngStateWarning(UserWarning):
 
 class CheckpointSyncError(RuntimeError):
     """The ranks did not save together: one never arrived, steps differ, or a peer failed."""
+
+
+class CheckpointWriteError(CheckpointSyncError, OSError):
+    """A save was not committed: a rank could not write its part, or rank 0 the manifest.
+
+    Raised alike on every rank of the save, so one ``except`` serves them all. ``failures`` maps
+    each rank that failed to what it said (a full disk: "no space left on device at <path>:
+    needed ..., ... free of ..."); ``rank`` is the first of them and ``cause`` its text;
+    ``errno`` is that rank's (``errno.ENOSPC`` for a full disk), else None. On the failing rank
+    its own exception is chained (``__cause__``). Every committed step is untouched.
+
+    Example:
+        >>> error = CheckpointWriteError("not committed", failures={1: "no space left"}, code=28)
+        >>> error.rank, error.cause, error.errno, isinstance(error, OSError)
+        (1, 'no space left', 28, True)
+    """
+
+    def __init__(
+        self, message: str, *, failures: dict[int, str] | None = None, code: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.failures = dict(failures or {})
+        self.rank = min(self.failures) if self.failures else None
+        self.cause = self.failures[self.rank] if self.rank is not None else ""
+        self.errno = code
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keyword arguments and errno survive a pickle
+        return (_write_error, (str(self), self.failures, self.errno))
+
+
+def _write_error(message: str, failures: dict[int, str], code: int | None) -> CheckpointWriteError:
+    return CheckpointWriteError(message, failures=failures, code=code)

@@ -31,7 +31,12 @@ from typing import Any
 import torch
 
 from distcompat._files import atomic_write_json, fsync_dir, write_durable
-from distcompat.checkpoint._errors import CheckpointExistsError, CheckpointSyncError
+from distcompat._scarcity import exhausted, free_bytes, ran_out
+from distcompat.checkpoint._errors import (
+    CheckpointExistsError,
+    CheckpointSyncError,
+    CheckpointWriteError,
+)
 from distcompat.checkpoint._manifest import (
     DELETING_RE,
     MANIFEST_NAME,
@@ -60,6 +65,7 @@ class _Plan:
 class _Outcome:
     entry: ManifestFile | None
     error: str | None
+    code: int | None = None  # the failure's errno (ENOSPC, EMFILE), when it has one
 
 
 def check_save_args(step: int, keep_last: int | None, metadata: Mapping[str, Any] | None) -> None:
@@ -162,26 +168,22 @@ def save_with_group(
         entry = None
         if group.rank == 0 or not replicated:
             name = rank_file_name(group.rank)
-            digest = write_durable(tmp / name, lambda path: torch.save(dict(state), path))
-            entry = ManifestFile(
-                name=name, rank=group.rank, size=digest.size, checksum=digest.checksum
-            )
+            entry = _write_rank_file(tmp / name, group.rank, state)
             fsync_dir(tmp)
         outcome = _Outcome(entry, None)
     except Exception as exc:
         own_error = exc
-        outcome = _Outcome(None, f"{type(exc).__name__}: {exc}")
+        said, code = _failure(exc, tmp / rank_file_name(group.rank), _needed_bytes(state))
+        outcome = _Outcome(None, f"rank {group.rank} could not write {said}", code)
     outcomes: list[_Outcome] = group.gather(outcome)
-    failed = {r: o.error for r, o in enumerate(outcomes) if o.error is not None}
+    failed = {r: o for r, o in enumerate(outcomes) if o.error is not None}
     if failed:
         if group.rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
-        if own_error is not None:
-            raise own_error
-        shown = "; ".join(f"rank {r}: {e}" for r, e in sorted(failed.items()))
-        raise CheckpointSyncError(f"{what}: not committed, other ranks failed to write ({shown})")
+        raise _not_committed(what, group, root, failed) from own_error
 
     commit_error: BaseException | None = None
+    commit: _Outcome = _Outcome(None, None)
     if group.rank == 0:
         manifest = Manifest(
             step=step,
@@ -192,25 +194,127 @@ def save_with_group(
         )
         try:
             _commit(root, tmp, final, manifest)
+        except CheckpointExistsError as exc:  # another save committed the step: said as such
+            commit_error = exc
+            commit = _Outcome(None, f"CheckpointExistsError: {exc}")
         except Exception as exc:
             commit_error = exc
+            said, code = _failure(exc, tmp / MANIFEST_NAME, None)
+            commit = _Outcome(None, f"rank 0 could not write the manifest {said}", code)
         else:
             if keep_last is not None:
                 _apply_retention(root, keep_last)
-    errors: list[str | None] = group.gather(
-        None if commit_error is None else f"{type(commit_error).__name__}: {commit_error}"
-    )
-    if commit_error is not None:
+    results: list[_Outcome] = group.gather(commit)
+    if isinstance(commit_error, CheckpointExistsError):
         raise commit_error
-    if errors[0] is not None:
-        raise CheckpointSyncError(f"{what}: rank 0 failed to commit ({errors[0]})")
+    error = results[0].error
+    if error is not None and error.startswith("CheckpointExistsError: "):
+        raise CheckpointExistsError(f"{what}: {error.removeprefix('CheckpointExistsError: ')}")
+    if error is not None:
+        raise _not_committed(what, group, root, {0: results[0]}) from commit_error
     return final
+
+
+def _write_rank_file(path: Path, rank: int, state: Mapping[str, Any]) -> ManifestFile:
+    """Write this rank's ``state`` to ``path`` and fsync it; refuse at once a file that cannot fit.
+
+    A state larger than the free space would fill the file system and fail anyway (torch's
+    writer then says only "unexpected pos"): ENOSPC, with the numbers, before a byte is written.
+    """
+    needed = _needed_bytes(state)
+    room = free_bytes(path.parent)
+    if room is not None and needed > room[0]:
+        raise OSError(errno.ENOSPC, ran_out(errno.ENOSPC, path=path, needed=needed))
+    digest = write_durable(path, lambda target: torch.save(dict(state), target))
+    return ManifestFile(name=path.name, rank=rank, size=digest.size, checksum=digest.checksum)
+
+
+def _needed_bytes(state: object) -> int:
+    """Return the bytes of the tensors in ``state``, each storage once: what a save needs."""
+    seen: dict[int, int] = {}
+    stack = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            with contextlib.suppress(RuntimeError, NotImplementedError):  # sparse, nested
+                storage = item.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return sum(seen.values())
+
+
+def _failure(exc: BaseException, path: Path, needed: int | None) -> tuple[str, int | None]:
+    """Say what went wrong writing ``path``: "<path>: <what ran out> (<what was raised>)".
+
+    torch's writer reports a full disk without an errno ("unexpected pos 768 vs 662"): a
+    RuntimeError while the file system has less free than the state needs is taken for ENOSPC.
+    """
+    code = next(
+        (e.errno for e in _chain(exc) if isinstance(e, OSError) and e.errno is not None), None
+    )
+    if code is None and isinstance(exc, RuntimeError):
+        room = free_bytes(path.parent)
+        if room is not None and room[0] < max(needed or 0, 4096):
+            code = errno.ENOSPC
+    raised = f"{type(exc).__name__}: {exc}"
+    if not exhausted(code):
+        return f"{path}: {raised}", code
+    if isinstance(exc, OSError) and exc.strerror and f" at {path}" in exc.strerror:
+        return f"{path}: {exc.strerror.replace(f' at {path}', '')}", code  # said already
+    what = ran_out(code, path=path, needed=needed).replace(f" at {path}", "")
+    return f"{path}: {what} ({raised})", code
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in found:
+        found.append(current)
+        current = current.__cause__ or current.__context__
+    return found
+
+
+def _newest(root: Path) -> int | None:
+    """Return the newest committed step under ``root`` (None: none, or it cannot be read)."""
+    try:
+        steps = _committed_with_manifest(root)
+    except OSError:
+        return None
+    return steps[-1] if steps else None
+
+
+def _not_committed(
+    what: str, group: SaveGroup, root: Path, failed: dict[int, _Outcome]
+) -> CheckpointWriteError:
+    """Return the error every rank raises for a save that failed on ``failed`` (rank -> why).
+
+    A collective: every rank comes here together. Rank 0 says which step stays the newest (a
+    rank out of file descriptors could not read the directory).
+    """
+    newest = group.gather(_newest(root) if group.rank == 0 else None)[0]
+    kept = f"step {newest} stays the newest committed" if newest is not None else "none before"
+    shown = "; ".join(o.error or "" for _, o in sorted(failed.items()))
+    first = failed[min(failed)]
+    return CheckpointWriteError(
+        f"{what}: not committed ({kept}): {shown}",
+        failures={r: o.error or "" for r, o in failed.items()},
+        code=first.code,
+    )
 
 
 def _commit(root: Path, tmp: Path, final: Path, manifest: Manifest) -> None:
     """Write the manifest into ``tmp`` and rename ``tmp`` to ``final`` (rank 0 only)."""
     try:
-        atomic_write_json(tmp / MANIFEST_NAME, manifest.to_json())  # also fsyncs tmp
+        try:
+            atomic_write_json(tmp / MANIFEST_NAME, manifest.to_json())  # also fsyncs tmp
+        except OSError as exc:  # said before the temp directory goes (its inodes with it)
+            if not exhausted(exc.errno):
+                raise
+            said = ran_out(exc.errno, path=tmp / MANIFEST_NAME)
+            raise OSError(exc.errno, said) from exc
         try:
             os.rename(tmp, final)
         except OSError as exc:

@@ -34,6 +34,7 @@ from distcompat.collectives._errors import (
     CollectiveTimeoutError,
     PeerLostError,
     translate,
+    typed_errors,
 )
 from distcompat.collectives._wait import Wait, work_ready
 
@@ -101,10 +102,11 @@ class SaveGroup:
     @entry  # its own arrival protocol, watched beside: straight to the backend
     def _take_tokens(self, what: str, timeout_s: float, deadline: float, arrived: set[int]) -> None:
         """Take every rank's token (rank 0), then tell the ranks that came how it went."""
-        pending = {
-            peer: dist.irecv(torch.zeros(1), src=peer, group=self.group, tag=_ARRIVE_TAG)
-            for peer in range(1, self.world_size)
-        }
+        with typed_errors(what, self.group):  # a peer already gone fails the post itself
+            pending = {
+                peer: dist.irecv(torch.zeros(1), src=peer, group=self.group, tag=_ARRIVE_TAG)
+                for peer in range(1, self.world_size)
+            }
         missing: list[int] = []
         lost: PeerLostError | None = None
         timed_out = False
@@ -122,8 +124,11 @@ class SaveGroup:
             verdict = 0.0  # go on; else 1 + the rank lost, or -1 (lost, not named): give up
             if lost is not None:
                 verdict = -1.0 if lost.peer is None else 1.0 + lost.peer
-            for peer in sorted(arrived):  # the ranks that came learn now of a lost rank
-                dist.send(torch.full((1,), verdict), dst=peer, group=self.group, tag=_ARRIVE_TAG)
+            with typed_errors(what, self.group):
+                for peer in sorted(arrived):  # the ranks that came learn now of a lost rank
+                    dist.send(
+                        torch.full((1,), verdict), dst=peer, group=self.group, tag=_ARRIVE_TAG
+                    )
         if lost is not None:
             raise lost
         if missing:
@@ -136,10 +141,12 @@ class SaveGroup:
     def _give_token(self, what: str, timeout_s: float, deadline: float) -> None:
         """Send this rank's token to rank 0 (a rank > 0), then wait for its reply."""
         reply = torch.zeros(1)
-        sent = dist.isend(torch.zeros(1), dst=0, group=self.group, tag=_ARRIVE_TAG)
+        with typed_errors(what, self.group):  # a peer already gone fails the post itself
+            sent = dist.isend(torch.zeros(1), dst=0, group=self.group, tag=_ARRIVE_TAG)
         outcome = _wait(sent, deadline, what, self.group)
         if outcome is None:
-            got = dist.irecv(reply, src=0, group=self.group, tag=_ARRIVE_TAG)
+            with typed_errors(what, self.group):
+                got = dist.irecv(reply, src=0, group=self.group, tag=_ARRIVE_TAG)
             outcome = _wait(got, deadline, what, self.group)
         if isinstance(outcome, PeerLostError):
             raise outcome

@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import torch.distributed as dist
 
 from distcompat.collectives._group import global_rank
-from distcompat.collectives._peers import farewells, lost_peers, stopped_peers
+from distcompat.peers import farewells, lost_peers, stopped_peers
 
 __all__ = [
     "CollectiveError",

@@ -32,7 +32,7 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.collectives._peers import farewells, gone_peers
+from distcompat.peers import farewells, gone_peers
 
 __all__ = [
     "POLL",

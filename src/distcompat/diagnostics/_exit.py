@@ -39,7 +39,7 @@ import sys
 from types import TracebackType
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.collectives._peers import leave_farewell
+from distcompat.peers import leave_farewell
 
 __all__ = [
     "EXIT_GRACE_S",

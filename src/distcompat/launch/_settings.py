@@ -14,6 +14,9 @@ does for the device and the timeout::
 * ``DISTCOMPAT_SHM``: ``auto`` (the default), ``on`` or ``off``. Whether CPU collectives of a group
   whose ranks all run on this machine go through shared memory instead of gloo (``auto``: for the
   ops and sizes where it measured faster; ``on``: for every op and size it supports).
+* ``DISTCOMPAT_PEER_LINKS``: ``on`` (the default), ``off``, an IPv4 address or an interface
+  name. Where a rank of a multi-machine job listens for its peers' links (``peers._links``):
+  every interface, none, or that address (the interface's IPv4 address).
 
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
@@ -29,6 +32,8 @@ from __future__ import annotations
 
 import math
 import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -39,14 +44,17 @@ from distcompat.launch._rules import LaunchEnvError
 __all__ = [
     "DEFAULT_WATCHDOG_S",
     "MISMATCH_VARIABLE",
+    "PEER_LINKS_VARIABLE",
     "PROTECT_VARIABLE",
     "SHM_VARIABLE",
     "WATCHDOG_VARIABLE",
     "MismatchChoice",
+    "PeerLinksChoice",
     "ProtectChoice",
     "ShmChoice",
     "WatchdogChoice",
     "choose_mismatch_check",
+    "choose_peer_links",
     "choose_protection",
     "choose_shm",
     "choose_watchdog",
@@ -300,4 +308,67 @@ def choose_protection(backend: str, environ: Mapping[str, str] | None = None) ->
             "watchdog and typed errors, and through shared memory where every rank is on this "
             f"machine ({PROTECT_VARIABLE}=off keeps torch's own group)"
         ),
+    )
+
+
+#: The variable that binds the peer links' listener to one interface, or turns the links off.
+PEER_LINKS_VARIABLE = "DISTCOMPAT_PEER_LINKS"
+_INTERFACE = re.compile(r"[A-Za-z0-9_.:@-]{1,15}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PeerLinksChoice:
+    """Where a rank listens for links from peers on other machines (``on`` False: nowhere).
+
+    ``bind`` is ``"0.0.0.0"`` (every interface), an IPv4 address, or an interface name whose
+    IPv4 address the listener takes.
+
+    Example:
+        >>> choose_peer_links(environ={"DISTCOMPAT_PEER_LINKS": "eth0"}).bind
+        'eth0'
+    """
+
+    on: bool
+    bind: str
+    reason: str
+
+
+def choose_peer_links(environ: Mapping[str, str] | None = None) -> PeerLinksChoice:
+    """Read ``DISTCOMPAT_PEER_LINKS`` (``on``, every interface, when unset).
+
+    A malformed value raises ``LaunchEnvError`` naming it. ``environ`` defaults to ``os.environ``.
+
+    Example:
+        >>> choose_peer_links(environ={}).bind
+        '0.0.0.0'
+        >>> choose_peer_links(environ={"DISTCOMPAT_PEER_LINKS": "off"}).on
+        False
+    """
+    env = os.environ if environ is None else environ
+    text = env.get(PEER_LINKS_VARIABLE)
+    value = (text or "").strip()
+    if value.lower() in ("", *_ON):
+        why = "distcompat's default" if text is None else f"{PEER_LINKS_VARIABLE}={text}"
+        return PeerLinksChoice(
+            on=True,
+            bind="0.0.0.0",
+            reason=f"every interface: {why} ({PEER_LINKS_VARIABLE}=off: none; an address or "
+            "an interface: that one)",
+        )
+    if value.lower() in _OFF:
+        return PeerLinksChoice(on=False, bind="", reason=f"off: {PEER_LINKS_VARIABLE}={text}")
+    try:
+        socket.inet_pton(socket.AF_INET, value)
+    except OSError:
+        if not _INTERFACE.fullmatch(value) or value.replace(".", "").isdigit():
+            raise LaunchEnvError(
+                f"{PEER_LINKS_VARIABLE}={text!r}: expected on, off, an IPv4 address or an "
+                "interface name",
+                variable=PEER_LINKS_VARIABLE,
+            ) from None
+        return PeerLinksChoice(
+            on=True, bind=value, reason=f"interface {value}: {PEER_LINKS_VARIABLE}={text}"
+        )
+    return PeerLinksChoice(
+        on=True, bind=value, reason=f"address {value}: {PEER_LINKS_VARIABLE}={text}"
     )

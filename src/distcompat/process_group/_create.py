@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as _c10d
 
+from distcompat import peers
 from distcompat._ranks import DistInfo, keep_rendezvous
 from distcompat.launch import LaunchEnv
 from distcompat.launch._host import probe_host
@@ -39,23 +40,20 @@ class DistInitError(RuntimeError):
 def _publish_identity(launch: LaunchEnv) -> None:
     """Publish this rank's identity (a lost peer can be named) and watch its peers.
 
-    A peer that ends is then named at once (``collectives._peer_watch``), on this machine or
+    A peer that ends is then named at once (``distcompat.peers``), on this machine or
     another. Links to other machines listen on a port only where the launcher does not say that
     every rank runs here (its local world is the whole world).
     """
-    # Imported by the first group, not with this module: any collectives module brings the whole
-    # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
-    # pay for (issue 28); a program that makes a group goes on to use it.
-    from distcompat.collectives import _peer_watch
-
     world = dist.get_world_size()
     one_machine = launch.is_distributed and launch.local_world_size == world
-    _peer_watch.start(dist.get_rank(), world, links=not one_machine)  # publishes the identity
+    peers.start(dist.get_rank(), world, links=not one_machine)  # publishes the identity
 
 
 def _protected_backend() -> str:
     """Register distcompat's protected gloo group with torch; return the backend name to init."""
-    # Imported by the first group, not with this module (as in _publish_identity).
+    # Imported by the first group, not with this module: any collectives module brings the whole
+    # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
+    # pay for (issue 28); a program that makes a group goes on to use it.
     from distcompat.collectives._protected import register
 
     return register()

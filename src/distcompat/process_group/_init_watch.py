@@ -19,7 +19,7 @@ on the ``distcompat.process_group`` logger::
 
 Each rank posts ``<prefix>/arrived/<rank>`` (its host) once it reaches the store; a report reads
 them over a connection of its own (made only when a report is due: a new connection can cost
-seconds here, see ``collectives._store``; the init's own holds the store's lock while gloo
+seconds here, see ``distcompat._store``; the init's own holds the store's lock while gloo
 waits). Where distcompat does not know the store (torch's ``tcp://`` or ``file://`` init), the
 report says the phase and how long, without names.
 """

@@ -280,10 +280,10 @@ def destroy_distributed() -> None:
     if state is None or not state.info.has_group:
         return
     # imported by init already (it says why they are late)
-    from distcompat.collectives._peer_watch import stop as stop_watching
-    from distcompat.collectives._peers import leave_farewell
-    from distcompat.collectives._store import shut_down
+    from distcompat._store import shut_down
     from distcompat.collectives.shm._path import close_all
+    from distcompat.peers import leave_farewell
+    from distcompat.peers import stop as stop_watching
 
     stop_watching()
     if state.info.adopted:

@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._errors import CollectiveError, raise_typed
 from distcompat.collectives._group import global_rank
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._profiled import internal
-from distcompat.collectives._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._wait import POLL_S, Wait, polled, until, work_ready
 from distcompat.collectives.agree import _state
 from distcompat.collectives.agree._posts import (

@@ -19,8 +19,8 @@ from typing import Any
 import torch.distributed as dist
 
 from distcompat._ranks import side_store
+from distcompat._store import QuickStore
 from distcompat.collectives._group import FALLBACK_TIMEOUT_S, group_timeout_s
-from distcompat.collectives._store import QuickStore
 from distcompat.collectives._wait import POLL, POLL_S
 from distcompat.launch._settings import MISMATCH_VARIABLE, choose_mismatch_check
 

@@ -22,19 +22,14 @@ import time
 from collections.abc import Mapping
 
 from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.collectives._peers import Identity, _dead, _stat
 from distcompat.collectives.shm._segment import NUMBER_MASK, Segment
+from distcompat.peers import Identity, is_alive, is_stopped
 
 __all__ = ["Barrier"]
 
 _HALF = 0x80000000
 _SPINS = 64  # looks at a peer's word before sleeping (a few microseconds of Python)
 _SLICE_S = 0.05  # longest sleep between two looks at the peers' liveness and the deadline
-
-
-def _stopped(peer: Identity) -> bool:
-    state, start = _stat(peer.pid)
-    return state in ("T", "t") and start == peer.start
 
 
 class Barrier:
@@ -119,7 +114,7 @@ class Barrier:
     def _check(self, target: int) -> None:
         """Raise if a rank we wait for is gone, or the collective ran past its timeout."""
         behind = self._behind(target)
-        gone = sorted(self.peers[p][0] for p in behind if _dead(self.peers[p][1]))
+        gone = sorted(self.peers[p][0] for p in behind if not is_alive(self.peers[p][1]))
         if gone:
             raise PeerLostError(
                 f"{self.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
@@ -140,7 +135,7 @@ class Barrier:
                     peer=self.peers[other[0]][0],
                     peers=tuple(sorted(self.peers[p][0] for p in other)),
                 )
-            stopped = [p for p in behind if _stopped(self.peers[p][1])]
+            stopped = [p for p in behind if is_stopped(self.peers[p][1])]
             late = sorted(self.peers[p][0] for p in (stopped or behind))
             raise CollectiveTimeoutError(
                 f"{self.op}: timed out after {self.timeout_s:g}s: a peer is alive but not taking "

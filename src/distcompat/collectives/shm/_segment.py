@@ -34,7 +34,8 @@ import secrets
 
 import torch
 
-from distcompat.collectives._peers import Identity, _dead
+from distcompat._scarcity import exhausted, ran_out
+from distcompat.peers import Identity, is_alive
 
 __all__ = [
     "MAX_WORLD",
@@ -73,6 +74,16 @@ def _ranks_in(free: int) -> int:
 
 class SegmentError(OSError):
     """The shared-memory segment could not be made or mapped (the path falls back to gloo)."""
+
+
+def _why(exc: BaseException) -> str:
+    """Return what ``exc`` says, as what ran out with its numbers when a resource did."""
+    code = getattr(exc, "errno", None)
+    return (
+        ran_out(code, path=SHM_DIR)
+        if exhausted(code)
+        else getattr(exc, "strerror", None) or str(exc)
+    )
 
 
 def platform_problem() -> str:
@@ -136,7 +147,7 @@ def sweep_leftovers() -> tuple[str, ...]:
             if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()):
                 continue
             creator = Identity("", "", int(parts[0]), int(parts[1]), ())
-            if _dead(creator):
+            if not is_alive(creator):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(SHM_DIR, name))
                     removed.append(name)
@@ -197,7 +208,7 @@ class Segment:
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         except OSError as exc:
-            raise SegmentError(exc.errno, f"cannot create {path}: {exc.strerror}") from exc
+            raise SegmentError(exc.errno, f"cannot create {path}: {_why(exc)}") from exc
         try:
             os.posix_fallocate(fd, 0, size)  # ENOSPC now rather than SIGBUS mid-collective
         except OSError as exc:
@@ -215,7 +226,9 @@ class Segment:
         except (OSError, ValueError) as exc:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-            raise SegmentError(getattr(exc, "errno", None), f"cannot map {path}: {exc}") from exc
+            raise SegmentError(
+                getattr(exc, "errno", None), f"cannot map {path}: {_why(exc)}"
+            ) from exc
 
     @classmethod
     def attach(cls, path: str, world: int, slot_bytes: int) -> Segment:
@@ -230,7 +243,9 @@ class Segment:
         except (OSError, ValueError) as exc:
             if isinstance(exc, SegmentError):
                 raise
-            raise SegmentError(getattr(exc, "errno", None), f"cannot map {path}: {exc}") from exc
+            raise SegmentError(
+                getattr(exc, "errno", None), f"cannot map {path}: {_why(exc)}"
+            ) from exc
 
     def unlink(self) -> None:
         """Remove the name from ``/dev/shm`` (the mappings stay valid); safe to repeat."""

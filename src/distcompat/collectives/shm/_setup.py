@@ -20,10 +20,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
-from distcompat.collectives._peers import Identity
-from distcompat.collectives._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._wait import Wait, polled, timeout_error, until
 from distcompat.collectives.shm._barrier import Barrier
 from distcompat.collectives.shm._engine import Engine
@@ -34,6 +33,7 @@ from distcompat.collectives.shm._segment import (
     platform_problem,
     sweep_leftovers,
 )
+from distcompat.peers import Identity
 
 __all__ = ["SLOT_BYTES", "SharedMemoryFallbackWarning", "ShmStatus", "set_up"]
 

@@ -1,4 +1,4 @@
-"""A peer that ends is named at once (``collectives._peer_watch``), with what ended it.
+"""A peer that ends is named at once (``peers._watch``), with what ended it.
 
 Real processes, every default on: under ``run_ranks`` (torchrun's environment contract, no
 agent) and under torchrun itself with its default monitor interval (0.1 s), whose agent stops
@@ -17,15 +17,14 @@ from pathlib import Path
 import pytest
 
 from _rank_processes import Ended, run_ranks
-from distcompat.collectives import _peer_watch
-from distcompat.collectives._peers import Lost
+from distcompat.peers import Lost, _watch
 
 SCRIPT = Path(__file__).with_name("_peer_watch_script.py")
 SEEN = re.compile(
-    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d.]+)\)"
+    r"distcompat: rank 1 \(pid \d+ on \S+\) (ended|exited after .*) \(seen at ([\d:.]+ UTC)\)"
 )
 
-pytestmark = pytest.mark.skipif(not _peer_watch.supported(), reason="needs pidfd_open (Linux)")
+pytestmark = pytest.mark.skipif(not _watch.supported(), reason="needs pidfd_open (Linux)")
 
 
 def _seen_after_kill(output: str, directory: Path) -> float:
@@ -33,7 +32,8 @@ def _seen_after_kill(output: str, directory: Path) -> float:
     match = SEEN.search(output)
     assert match, output[-3000:]
     assert match.group(1) == "ended"  # a SIGKILLed rank leaves no farewell
-    return float(match.group(2)) - float((directory / "killed").read_text())
+    killed = float((directory / "killed").read_text())
+    return _watch.read_clock(match.group(2), near=killed) - killed
 
 
 def test_a_killed_peer_is_named_within_100_ms_and_the_wait_raises_peer_lost(

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import torch.distributed as dist
 
-from distcompat.collectives._store import STUCK_GRACE_S, TIMEOUT_S, QuickStore, StoreUnreachable
+from distcompat._store import STUCK_GRACE_S, TIMEOUT_S, QuickStore, StoreUnreachable
 
 _SERVER = """
 import sys, time

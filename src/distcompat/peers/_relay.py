@@ -1,6 +1,6 @@
 """Losses told through the store: how a rank learns of a lost peer it holds no link to.
 
-In a world of more than ``2 * REACH + 1`` ranks (``_peer_links``) a rank links to its ring
+In a world of more than ``2 * REACH + 1`` ranks (``_links``) a rank links to its ring
 neighbours only. The watch that sees a peer end posts the loss (:func:`post`); every rank's
 watch reads the count of posted losses every :data:`POLL_S` seconds (:func:`read_since`, one
 store request while nothing is new) and records what it had not seen::
@@ -9,7 +9,7 @@ store request while nothing is new) and records what it had not seen::
     count, found = read_since(0)                       # elsewhere: (1, [Lost(7, ...)])
 
 The store sees one request per rank per :data:`POLL_S` and two per loss. Only worlds where
-some pair of ranks is not linked pay it (``all_linked``). Best effort, like ``_peers``: a store
+some pair of ranks is not linked pay it (``all_linked``). Best effort, like ``_registry``: a store
 that does not answer (its host ended) relays nothing, and never raises.
 """
 
@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 
-from distcompat.collectives._peers import Lost, quick_store
-from distcompat.collectives._store import StoreUnreachable
+from distcompat._store import StoreUnreachable
+from distcompat.peers._lost import Lost
+from distcompat.peers._registry import quick_store
 
 __all__ = ["POLL_S", "post", "read_since"]
 

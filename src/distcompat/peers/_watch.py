@@ -1,17 +1,18 @@
 """A peer that ends is known at once: pidfds on this machine, idle TCP links across machines.
 
 ``init_distributed`` starts one daemon thread per process (:func:`start`). It reads the other
-ranks' identities (``_peers.publish``) and, for each peer on this machine, opens a pidfd
+ranks' identities (``_registry.publish``) and, for each peer on this machine, opens a pidfd
 (``os.pidfd_open``, Linux 5.3+), which becomes readable the moment that process ends, however it
 ends (an exception, ``os._exit``, SIGKILL, the OOM killer). For a peer on another machine it
-holds an idle TCP link instead (``_peer_links``), which that process's kernel closes when it
+holds an idle TCP link instead (``_links``), which that process's kernel closes when it
 ends. The thread sleeps in ``poll`` on them all: no cost to any collective. When one fires it
 
-* logs one line naming the rank, its pid and host, and why it ended when the rank said so (its
-  farewell, ``_peers.leave_farewell``: the exception that ended it), milliseconds after the exit
+* logs one line naming the rank, its pid and host, why it ended when the rank said so (its
+  farewell, ``_registry.leave_farewell``: the exception that ended it) and the time of day it was
+  seen (``... ended (seen at 21:14:05.798 UTC)``, :func:`clock`), milliseconds after the exit
   and so before a launcher acts on it (torchrun's agent looks every 0.1 s, then stops the
   others). A rank that destroyed its group or whose script ended leaves on purpose: no line;
-* records the loss, which ``_peers.gone_peers`` reads: a rank waiting on the lost peer raises
+* records the loss, which ``_lost.gone_peers`` reads: a rank waiting on the lost peer raises
   :class:`PeerLostError` at its next look (``_wait.until``), naming the farewell too.
 
 An error about to end this process settles first (:meth:`_Watch.settle`): the line is written
@@ -23,7 +24,7 @@ A linked peer that stops its watch (destroy, or at exit) says its farewell on th
 (:func:`stop`): no line for a rank that left, and the exception for one that raised, even when
 the store ended with it. In a world of more than 65 ranks a rank links to its 64 nearest ranks
 around the ring only; the watch that sees a loss posts it to the store and every watch reads
-the store every 0.5 s (``_peer_relay``), so each rank knows within a second.
+the store every 0.5 s (``_relay``), so each rank knows within a second.
 A host that vanishes without closing its connections (power off, a cut cable) sends nothing:
 gloo's timeout and the watchdog cover it. Without pidfds (not Linux, an old kernel) nothing
 starts and ``gone_peers`` reads ``/proc`` as before.
@@ -35,23 +36,31 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import select
 import threading
 import time
 
 import torch.distributed as dist
 
-from distcompat.collectives import _peer_relay, _peers
-from distcompat.collectives._peer_links import Links, all_linked, linked
-from distcompat.collectives._peers import LEFT, Identity, Lost
+from distcompat._scarcity import ran_out
+from distcompat.launch._settings import choose_peer_links
+from distcompat.peers import _lost, _registry, _relay
+from distcompat.peers._identity import Identity, address_of, is_alive, same_machine
+from distcompat.peers._links import Links, all_linked, linked
+from distcompat.peers._lost import Lost
+from distcompat.peers._registry import LEFT
+from distcompat.peers._talk import job_secret
 
-__all__ = ["start", "stop", "supported"]
+__all__ = ["clock", "read_clock", "start", "stop", "supported"]
 
 _log = logging.getLogger("distcompat.peers")
 
 #: How soon the thread asks the store again for identities not yet published (seconds); the
 #: pause doubles, up to :data:`_IDENTITY_POLL_MAX_S`, while no new one comes (a rank that never
 #: publishes, a store that does not answer).
+_EVERY = "0.0.0.0"
+_ADDRESS = re.compile(r"\d{1,3}(\.\d{1,3}){3}")  # an IPv4 address, not an interface name
 _IDENTITY_POLL_S = 0.05
 _IDENTITY_POLL_MAX_S = 5.0
 
@@ -79,27 +88,31 @@ class _Watch:
         poller.register(self.wake_read, select.POLLIN)
         links = self.links
         if links is not None:
-            poller.register(links.listener.fileno(), select.POLLIN)
+            links.attach(poller)  # the listener, and each link as it comes and goes
         pending = set(range(self.world)) - {self.me}
         pause_s = _IDENTITY_POLL_S
         relayed, relay_at = 0, 0.0  # losses read from the store so far; when to read again
         try:
             while not self.stopped:
                 if pending:
-                    found = _peers.identities_of(pending)
+                    found = _registry.identities_of(pending)
                     pause_s = _IDENTITY_POLL_S if found else min(2 * pause_s, _IDENTITY_POLL_MAX_S)
                     for rank, peer in found.items():
                         pending.discard(rank)
                         self._watch(rank, peer, poller, watched)
                 timeout_s = pause_s if pending else None
+                if links is not None:  # handshake deadlines, the listener's rest
+                    due_s = links.tick()
+                    if due_s is not None:
+                        timeout_s = due_s if timeout_s is None else min(timeout_s, due_s)
                 if self.relay:
                     now = time.monotonic()
                     if now >= relay_at:
-                        relayed, told = _peer_relay.read_since(relayed, time.time())
+                        relayed, told = _relay.read_since(relayed, time.time())
                         for lost in told:
                             self._record(lost.rank, told=lost)
-                        relay_at = now + _peer_relay.POLL_S
-                    timeout_s = min(timeout_s or _peer_relay.POLL_S, relay_at - now)
+                        relay_at = now + _relay.POLL_S
+                    timeout_s = min(timeout_s or _relay.POLL_S, relay_at - now)
                 timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
                 for fd, _ in poller.poll(timeout_ms):
                     if fd == self.wake_read:
@@ -109,15 +122,11 @@ class _Watch:
                         os.close(fd)
                         self._record(watched.pop(fd))
                     elif links is not None and fd == links.listener.fileno():
-                        accepted = links.accept()
-                        if accepted is not None:
-                            poller.register(accepted, select.POLLIN)
+                        links.accept()
                     elif links is not None and fd in links.links:
                         ended = links.read(fd)  # closes the link when it ended
-                        if ended is not None:
-                            poller.unregister(fd)
-                            if ended.rank is not None:
-                                self._record(ended.rank, ended.said)
+                        if ended is not None and ended.rank is not None:  # a proven peer's
+                            self._record(ended.rank, ended.said)
         finally:
             for fd in watched:
                 os.close(fd)
@@ -133,22 +142,26 @@ class _Watch:
         A peer on this machine gets a pidfd; one on another machine a link, dialled by the
         lower rank of the pair (the higher accepts it) when :func:`linked` pairs them.
         """
-        if not _peers.same_machine(peer):
+        if not same_machine(peer):
             self.remote[rank] = peer
             if self.links is None or rank < self.me or not linked(self.me, rank, self.world):
                 return
-            link = self.links.dial(rank, peer)
-            if link is None:
+            if self.links.dial(rank, peer) is None:
                 _log.warning(
                     "distcompat: no link to rank %d (port %d on %s): its end is known from the "
                     "backend's error or the watchdog only",
                     rank, peer.port, ", ".join(peer.addrs),
                 )  # fmt: skip
-                return
-            poller.register(link, select.POLLIN)
             return
         self.peers[rank] = peer
-        fd = _open(peer)
+        try:
+            fd = _open(peer)
+        except OSError as exc:  # no fd left: /proc is read instead (``_lost.gone_peers``)
+            _log.warning(
+                "distcompat: rank %d (pid %d) is not watched: %s", rank, peer.pid,
+                ran_out(exc.errno) or exc,
+            )  # fmt: skip
+            return
         if fd is None:  # already gone, or its pid names another process now
             self._record(rank)
             return
@@ -159,7 +172,7 @@ class _Watch:
         """Record and log that ``rank`` ended, once, on whichever thread sees it first.
 
         ``said``: its farewell as its link carried it ("": ask the store); ``told``: the loss
-        as another rank's watch posted it (``_peer_relay``).
+        as another rank's watch posted it (``_relay``).
         """
         with self.told:
             if rank in self.claimed:
@@ -174,7 +187,7 @@ class _Watch:
             if told is not None:
                 said = told.farewell
             elif not said:
-                said = _peers.farewell(rank)
+                said = _registry.farewell(rank)
             if said == LEFT:  # it destroyed its group, or its script ended: not a loss
                 _log.debug("distcompat: rank %d left", rank)
                 return
@@ -182,9 +195,9 @@ class _Watch:
             pid, host = (peer.pid, peer.host) if peer is not None else (0, "?")
             found = Lost(rank, pid, host, seen, said)
             self.seen[rank] = found
-            _log.error("distcompat: %s (seen at %.3f)", found.describe(), seen)
+            _log.error("distcompat: %s (seen at %s)", found.describe(), clock(seen))
             if self.relay and told is None:
-                _peer_relay.post(found)
+                _relay.post(found)
         finally:
             with self.told:
                 self.telling.discard(rank)
@@ -201,21 +214,51 @@ class _Watch:
         """
         for rank in ranks:
             peer = self.peers.get(rank)
-            if peer is not None and not _peers.is_alive(peer):
+            if peer is not None and not is_alive(peer):
                 self._record(rank)
         return dict(self.seen)
 
 
 def _open(peer: Identity) -> int | None:
-    """Return a pidfd for ``peer``'s process, or None if that process is already gone."""
+    """Return a pidfd for ``peer``'s process, or None if that process is already gone.
+
+    Raises OSError when the pidfd cannot be had for another reason (``EMFILE``): that is no
+    evidence that the peer ended.
+    """
     try:
         fd = os.pidfd_open(peer.pid)
-    except OSError:
+    except ProcessLookupError:
         return None
-    if not _peers.is_alive(peer):  # the pid was reused: the pidfd names another process
+    if not is_alive(peer):  # the pid was reused: the pidfd names another process
         os.close(fd)
         return None
     return fd
+
+
+def clock(when: float) -> str:
+    """Return ``when`` (``time.time()``) as a time of day in UTC, to the millisecond.
+
+    Example:
+        >>> clock(1796148889.798)
+        '18:14:49.798 UTC'
+    """
+    whole = int(when)
+    return time.strftime("%H:%M:%S", time.gmtime(whole)) + f".{int((when - whole) * 1000):03d} UTC"
+
+
+def read_clock(text: str, near: float) -> float:
+    """Return the ``time.time()`` that :func:`clock` wrote as ``text``, the one nearest ``near``.
+
+    Example:
+        >>> read_clock("18:14:49.798 UTC", near=1796148880.0)
+        1796148889.798
+    """
+    hours, minutes, seconds = text.removesuffix(" UTC").split(":")
+    of_day = int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+    midnight = near - near % 86400
+    candidates = [midnight + day + of_day for day in (-86400.0, 0.0, 86400.0)]
+    nearest: float = min(candidates, key=lambda candidate: abs(candidate - near))
+    return round(nearest, 3)
 
 
 _watch: _Watch | None = None
@@ -242,29 +285,46 @@ def start(me: int, world: int, *, links: bool = True) -> None:
     global _watch, _exit_hooked
     stop()
     if not supported() or world < 2:
-        _peers.publish(me)
+        _registry.publish(me)
         return
-    listening: Links | None = None
-    if links:
-        try:
-            listening = Links(me, world)
-        except OSError as exc:
-            _log.warning(
-                "distcompat: peers on other machines are not watched: no listener (%s)", exc
-            )
-    _peers.publish(me, port=listening.port if listening is not None else 0)
+    listening = _listener(me, world) if links else None
+    port, address = (listening.port, listening.address) if listening is not None else (0, "")
+    _registry.publish(me, port=port, listen="" if address == _EVERY else address)
     _watch = _Watch(me, world, listening)
     _watch.thread.start()
-    _peers.watcher = _watch
+    _lost.watcher = _watch
     if not _exit_hooked:
         atexit.register(_at_exit)
         _exit_hooked = True
 
 
+def _listener(me: int, world: int) -> Links | None:
+    """Open the links' listener where ``DISTCOMPAT_PEER_LINKS`` says; None: off, or it cannot."""
+    choice = choose_peer_links()
+    if not choice.on:
+        return None
+    address: str | None = choice.bind
+    if address != _EVERY and not _ADDRESS.fullmatch(choice.bind):
+        address = address_of(choice.bind)  # an interface: its IPv4 address
+    secret = job_secret(_registry.rendezvous_store())
+    why = ""
+    if address is None:
+        why = f"{choice.bind} has no IPv4 address ({choice.reason})"
+    elif secret is None:
+        why = "the rendezvous store gave no secret for their links"
+    else:
+        try:
+            return Links(me, world, secret, bind=address)
+        except OSError as exc:
+            why = f"no listener on {choice.bind} ({ran_out(exc.errno) or exc})"
+    _log.warning("distcompat: peers on other machines are not watched: %s", why)
+    return None
+
+
 def stop() -> None:
     """End the watch (the group is destroyed); its losses are forgotten.
 
-    Peers linked from other machines are told this rank's farewell (``_peers.own_farewell``:
+    Peers linked from other machines are told this rank's farewell (``_registry.own_farewell``:
     the exception that is ending this process, else "left"), so that they do not take its
     sockets closing for a loss, or name what ended it. Example:
         >>> stop()
@@ -273,8 +333,8 @@ def stop() -> None:
     watch, _watch = _watch, None
     if watch is None:
         return
-    _peers.watcher = None
-    watch.leaving = _peers.own_farewell() or LEFT
+    _lost.watcher = None
+    watch.leaving = _registry.own_farewell() or LEFT
     watch.stopped = True
     with contextlib.suppress(OSError):
         os.write(watch.wake_write, b"x")

@@ -1,4 +1,4 @@
-"""Naming the peer behind a lost connection (``collectives._peers``).
+"""Naming the peer behind a lost connection (``peers._lost``, ``_identity``, ``_registry``).
 
 The end-to-end cases (a SIGKILLed or SIGSTOPped rank in groups of 2 and 3) are in
 test_collectives_work.py. These tests check the pieces: process identity, liveness from /proc,
@@ -16,7 +16,8 @@ import time
 import pytest
 
 import distcompat.distributed as dist
-from distcompat.collectives._peers import Identity, _dead, _read, _stat, lost_peers
+from distcompat.peers import Identity, lost_peers
+from distcompat.peers._identity import _dead, _read, _stat
 from distcompat.testing import run_on_ranks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -81,7 +82,8 @@ def _name_from_address(message: str, shared: bool) -> list[int]:
     A stand-in for hardware we do not have (several hosts): the published identities are
     rewritten in the real group's store, then ``lost_peers`` reads them back.
     """
-    from distcompat.collectives._peers import _KEY, _known, _store, publish
+    from distcompat.peers._lost import _known
+    from distcompat.peers._registry import _KEY, _store, publish
 
     rank, world = dist.get_rank(), dist.get_world_size()
     store = _store()
@@ -116,3 +118,17 @@ def test_a_remote_peer_is_named_only_by_an_unambiguous_address(
     message: str, shared: bool, expected: list[int]
 ) -> None:
     assert run_on_ranks(_name_from_address, 3, args=(message, shared))[0] == expected
+
+
+def test_a_process_out_of_file_descriptors_reads_no_peer_as_dead() -> None:
+    """EMFILE on /proc is no evidence that a process ended (it read as "gone" before)."""
+    from _no_fds import no_fds
+    from distcompat.peers import UNKNOWN
+
+    me = Identity.here()
+    with no_fds():
+        state = _stat(me.pid)
+        dead = _dead(me)
+    assert state == (UNKNOWN, 0)
+    assert not dead
+    assert _stat(me.pid)[0] in "RS"  # read again once descriptors are free
