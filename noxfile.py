@@ -1,7 +1,8 @@
 """Tooling as code: every check this project runs, one nox session each.
 
     nox                      # the default sessions: tests, comparisons, anysize, hostile,
-                             # lint, typing, docs, launchers, build
+                             # conformance, lint, typing, docs, launchers, build
+
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
