@@ -2,7 +2,6 @@
 
     nox                      # the default sessions: tests, comparisons, anysize, hostile,
                              # conformance, lint, typing, docs, launchers, build
-
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
