@@ -15,6 +15,12 @@ does for the device and the timeout::
   whose ranks all run on this machine go through shared memory instead of gloo (``auto``: for the
   ops and sizes where it measured faster; ``on``: for every op and size it supports).
 
+* ``DISTCOMPAT_RUN``: ``on`` (the default) or ``off``. Whether ``distcompat run`` puts distcompat's
+  init in place of torch's (``off``: the command runs on torch's own). Read by the bootstrap
+  (``distcompat.run.bootstrap.sitecustomize``), not here: it runs at every interpreter's
+  start-up and so imports nothing of distcompat (this module imports torch's placement);
+  tests/test_run.py checks that both spell the variable the same.
+
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
 2-core VM (docs/hangs.md): no collective of a healthy ``distcompat demo`` run waited 0.5 s, but
@@ -40,6 +46,7 @@ __all__ = [
     "DEFAULT_WATCHDOG_S",
     "MISMATCH_VARIABLE",
     "PROTECT_VARIABLE",
+    "RUN_VARIABLE",
     "SHM_VARIABLE",
     "WATCHDOG_VARIABLE",
     "MismatchChoice",
@@ -301,3 +308,8 @@ def choose_protection(backend: str, environ: Mapping[str, str] | None = None) ->
             f"machine ({PROTECT_VARIABLE}=off keeps torch's own group)"
         ),
     )
+
+
+
+#: The variable that turns ``distcompat run`` off for one job (read by its bootstrap, see above).
+RUN_VARIABLE = "DISTCOMPAT_RUN"
