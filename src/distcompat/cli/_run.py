@@ -70,9 +70,13 @@ def python_flag_warnings(command: Sequence[str]) -> list[str]:
     if not command or not _PYTHON.match(os.path.basename(command[0])):
         return []
     found = []
-    for arg in command[1:]:
-        if not arg.startswith("-") or arg.startswith("--") or arg in ("-m", "-c"):
-            break
+    args = iter(command[1:])
+    for arg in args:
+        if not arg.startswith("-") or arg.startswith("--") or arg in ("-", "-m", "-c"):
+            break  # the script, the module or the code: the rest is the program's
+        if arg in ("-W", "-X"):
+            next(args, None)  # the option's value is the next argument
+            continue
         for letter in arg[1:]:
             if letter in _FLAG_EFFECT:
                 found.append(

@@ -99,9 +99,11 @@ def _init(original: Callable[..., Any], bound: inspect.BoundArguments) -> None:
     from distcompat.process_group import init_process_group
 
     arguments = {k: v for k, v in bound.arguments.items() if k != "_ranks"}
+    existed = sys.modules["torch.distributed"].is_initialized()
     with _own_calls():
         init_process_group(**arguments)
-    _announce()
+    if not existed:  # a second call returns quietly, as the drop-in's does
+        _announce()
 
 
 def _destroy(original: Callable[..., Any], bound: inspect.BoundArguments) -> None:

@@ -137,10 +137,8 @@ def install() -> bool:
     Returns whether the finder was added by this call.
 
     Example:
-        >>> install() or True   # idempotent: a second call adds nothing
+        >>> install()   # once in a process that did not start under distcompat run  # doctest: +SKIP
         True
-        >>> install()
-        False
     """
     if any(getattr(finder, "distcompat_run", False) for finder in sys.meta_path):
         return False
