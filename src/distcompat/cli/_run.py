@@ -17,7 +17,6 @@ here before the other commands' parser is imported).
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
@@ -29,7 +28,6 @@ __all__ = ["BOOTSTRAP_DIR", "prepare_environ", "python_flag_warnings", "run_comm
 
 #: The folder put first on ``PYTHONPATH`` (the bootstrap's ``sitecustomize.py`` is in it).
 BOOTSTRAP_DIR = HERE
-_PYTHON = re.compile(r"python[\d.]*$")
 _FLAG_EFFECT = {
     "I": "-I (isolated mode) ignores PYTHONPATH",
     "E": "-E ignores PYTHON* variables, PYTHONPATH included",
@@ -67,8 +65,9 @@ def python_flag_warnings(command: Sequence[str]) -> list[str]:
         >>> python_flag_warnings(["torchrun", "-I", "train.py"])
         []
     """
-    if not command or not _PYTHON.match(os.path.basename(command[0])):
-        return []
+    name = os.path.basename(command[0]) if command else ""
+    if not name.startswith("python") or name[len("python") :].strip("0123456789."):
+        return []  # not an interpreter (python, python3, python3.11): its flags are its own
     found = []
     args = iter(command[1:])
     for arg in args:

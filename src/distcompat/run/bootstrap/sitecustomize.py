@@ -22,12 +22,12 @@ program: a process that cannot import distcompat, or one where patching fails, s
 line on stderr and keeps torch's own functions.
 """
 
-from __future__ import annotations
-
 import os
 import sys
 
-TYPE_CHECKING = False  # typing itself costs start-up time; the checker reads the names below
+# No `from __future__ import annotations` and no typing at run time: each costs every start; the
+# annotations are strings the checker reads.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from types import ModuleType
@@ -48,7 +48,7 @@ RUN_ON = ("", "on", "1", "true", "yes")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def run_enabled(environ: Mapping[str, str] | None = None) -> bool:
+def run_enabled(environ: "Mapping[str, str] | None" = None) -> bool:
     """Whether :data:`RUN_VARIABLE` leaves ``distcompat run`` on (``distcompat run`` validated it).
 
     Example:
@@ -59,7 +59,7 @@ def run_enabled(environ: Mapping[str, str] | None = None) -> bool:
     return text.strip().lower() not in RUN_OFF
 
 
-def switch_error(environ: Mapping[str, str]) -> str | None:
+def switch_error(environ: "Mapping[str, str]") -> "str | None":
     """The error for a :data:`RUN_VARIABLE` value that is neither on nor off; None when valid.
 
     Example:
@@ -76,7 +76,7 @@ def _say(text: str) -> None:
     sys.stderr.write(f"distcompat run: {text}\n")
 
 
-def _patch(module: ModuleType) -> None:
+def _patch(module: "ModuleType") -> None:
     """Replace ``module``'s init functions by distcompat's routing (``distcompat.run._patch``)."""
     try:
         # Imported when torch.distributed is, never at start-up: the bootstrap stays stdlib-only
@@ -93,21 +93,21 @@ def _patch(module: ModuleType) -> None:
 class _PatchingLoader:
     """The loader torch's module comes with, patching the module once it has executed."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: "Any") -> None:
         self._loader = loader
 
-    def create_module(self, spec: Any) -> ModuleType | None:
-        made: ModuleType | None = self._loader.create_module(spec)
+    def create_module(self, spec: "Any") -> "ModuleType | None":
+        made: "ModuleType | None" = self._loader.create_module(spec)
         return made
 
-    def exec_module(self, module: ModuleType) -> None:
+    def exec_module(self, module: "ModuleType") -> None:
         self._loader.exec_module(module)
         module.__loader__ = self._loader  # transparent afterwards (tracebacks, inspect)
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
         _patch(module)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> "Any":
         return getattr(self._loader, name)
 
 
@@ -116,7 +116,9 @@ class _Finder:
 
     distcompat_run = True  # how install() recognises one already there
 
-    def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
+    def find_spec(
+        self, name: str, path: "Sequence[str] | None", target: "Any" = None
+    ) -> "Any":
         if name != TARGET:
             return None
         for finder in sys.meta_path:
@@ -150,23 +152,27 @@ def install() -> bool:
 
 
 def _chain() -> None:
-    """Run the ``sitecustomize`` this one shadows, as ``sitecustomize`` (ddtrace's way)."""
-    from importlib.machinery import PathFinder
-    from importlib.util import module_from_spec
+    """Run the ``sitecustomize`` this one shadows, as ``sitecustomize`` (ddtrace's way).
 
-    rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != HERE]
-    spec = PathFinder.find_spec("sitecustomize", rest)
-    if spec is None or spec.loader is None:
-        return
-    ours = sys.modules.get("sitecustomize")
-    theirs = module_from_spec(spec)
-    sys.modules["sitecustomize"] = theirs
+    This folder leaves ``sys.path`` while Python's own import finds the next one (no
+    ``importlib.util``: it costs 3 ms at every start); the path is restored in any case.
+    """
+    ours = sys.modules.pop("sitecustomize", None)
+    kept = sys.path[:]
+    sys.path[:] = [entry for entry in kept if os.path.abspath(entry or os.curdir) != HERE]
     try:
-        spec.loader.exec_module(theirs)
+        import sitecustomize  # noqa: F401  (the shadowed one, or ModuleNotFoundError)
+    except ModuleNotFoundError as exc:
+        if exc.name != "sitecustomize":
+            raise  # theirs failed importing something: as without distcompat, site reports it
+        if ours is not None:
+            sys.modules["sitecustomize"] = ours
     except BaseException:  # as without distcompat: site reports it ("Error in sitecustomize")
         if ours is not None:
             sys.modules["sitecustomize"] = ours
         raise
+    finally:
+        sys.path[:] = kept
 
 
 def _bootstrap() -> None:
