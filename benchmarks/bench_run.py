@@ -38,7 +38,10 @@ def _seconds(command: list[str], environ: dict[str, str]) -> float:
 
 
 def _paired(
-    pairs: int, plain: list[str], wrapped: list[str], plain_env: dict[str, str],
+    pairs: int,
+    plain: list[str],
+    wrapped: list[str],
+    plain_env: dict[str, str],
     wrapped_env: dict[str, str],
 ) -> tuple[float, float, float]:
     """Medians (ms) of the plain side, the wrapped side and the per-pair difference."""

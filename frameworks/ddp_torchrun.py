@@ -25,7 +25,9 @@ def main() -> None:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(rank)
-    data = TensorDataset(torch.randn(48, 8, generator=generator), torch.randn(48, 1, generator=generator))
+    data = TensorDataset(
+        torch.randn(48, 8, generator=generator), torch.randn(48, 1, generator=generator)
+    )
     loader = DataLoader(data, batch_size=8, num_workers=2, multiprocessing_context="fork")
     for step, (x, y) in enumerate(loader):
         fault(rank, step)

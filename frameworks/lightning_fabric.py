@@ -1,7 +1,7 @@
 """An unchanged Lightning Fabric program: DDP on 2 CPU ranks (Fabric re-launches this script).
 
-    python frameworks/lightning_fabric.py
-    distcompat run python frameworks/lightning_fabric.py
+python frameworks/lightning_fabric.py
+distcompat run python frameworks/lightning_fabric.py
 """
 
 from __future__ import annotations

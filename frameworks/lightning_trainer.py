@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader, TensorDataset
 class Regression(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        )
 
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         fault(self.global_rank, batch_idx)
@@ -39,7 +41,9 @@ class Regression(L.LightningModule):
 def main() -> None:
     L.seed_everything(0, verbose=False)
     generator = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator))
+    data = TensorDataset(
+        torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator)
+    )
     model = Regression()
     trainer = L.Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_epochs=1, logger=False,

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from conftest import TABLE
 
 HERE = Path(__file__).resolve().parent
@@ -86,7 +87,9 @@ class Ran:
         return str(found[-1])
 
 
-def _run(program: str, *, wrapped: bool, env: dict[str, str] | None = None, timeout: float = 240) -> Ran:
+def _run(
+    program: str, *, wrapped: bool, env: dict[str, str] | None = None, timeout: float = 240
+) -> Ran:
     """Run ``program`` (under ``distcompat run`` if ``wrapped``); stamp each output line."""
     command = _command(program, kill=(env or {}).get("FAULT") == "kill")
     if wrapped:
@@ -130,7 +133,9 @@ def test_the_same_bits_with_and_without_distcompat_run(program: str) -> None:
         assert wrapped.said(rank, "digest") == plain.said(rank, "digest")
         assert wrapped.said(rank, "loss") == plain.said(rank, "loss")
     line = [text for _, text in wrapped.lines if text.startswith("distcompat run:")]
-    assert len(line) == 1 and "protected group" in line[0] and "DISTCOMPAT_RUN=off" in line[0]
+    assert len(line) == 1
+    assert "protected group" in line[0]
+    assert "DISTCOMPAT_RUN=off" in line[0]
     assert "distcompat" not in plain.text
     TABLE.setdefault(program, {})["bits plain vs run"] = "equal"
 

@@ -66,4 +66,5 @@ def test_the_command_runs_with_the_bootstrap_and_keeps_its_exit_code(tmp_path: P
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
     first, custom = done.stdout.split()
-    assert first == BOOTSTRAP_DIR and custom == os.path.join(BOOTSTRAP_DIR, "sitecustomize.py")
+    assert first == BOOTSTRAP_DIR
+    assert custom == os.path.join(BOOTSTRAP_DIR, "sitecustomize.py")

@@ -54,23 +54,30 @@ def test_a_process_without_torch_gets_the_finder_and_imports_nothing() -> None:
 
 def test_the_shadowed_sitecustomize_still_runs(tmp_path: Path) -> None:
     """A user's sitecustomize later on the path runs, as ``sitecustomize``, after the finder."""
-    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED_SITECUSTOMIZE = 1\n")
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.CHAINED_SITECUSTOMIZE = 1\n"
+    )
     said, _ = _python("no-torch", path=[str(tmp_path)])
-    assert said["chained"] == 1 and said["finder"] is True
+    assert said["chained"] == 1
+    assert said["finder"] is True
     assert said["sitecustomize"] == str(tmp_path / "sitecustomize.py")
 
 
 def test_a_failing_shadowed_sitecustomize_is_reported_as_python_does(tmp_path: Path) -> None:
     (tmp_path / "sitecustomize.py").write_text("raise OSError('broken on purpose')\n")
     said, stderr = _python("no-torch", path=[str(tmp_path)])
-    assert "Error in sitecustomize" in stderr and "broken on purpose" in stderr
+    assert "Error in sitecustomize" in stderr
+    assert "broken on purpose" in stderr
     assert said["finder"] is True  # installed before the user's ran
 
 
 def test_the_switch_turns_it_off_and_still_chains(tmp_path: Path) -> None:
-    (tmp_path / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED_SITECUSTOMIZE = 1\n")
+    (tmp_path / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.CHAINED_SITECUSTOMIZE = 1\n"
+    )
     said, _ = _python("no-torch", path=[str(tmp_path)], env={RUN_VARIABLE: "off"})
-    assert said["finder"] is False and said["chained"] == 1
+    assert said["finder"] is False
+    assert said["chained"] == 1
 
 
 @pytest.mark.parametrize("flag", ["-I", "-E", "-S"])
@@ -85,16 +92,21 @@ def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> 
     protected group, a second init is quiet, Lightning's side group and monitored_barrier and
     AVG work, destroy goes through distcompat; ``fake`` and ``mpi`` are torch's own."""
     said, stderr = _python("torch")
-    assert all(said["marks"].values()) and said["marks"]["device_mesh.init_process_group"]
+    assert all(said["marks"].values())
+    assert said["marks"]["device_mesh.init_process_group"]
     assert "_ranks" in said["signature"]  # torch's signature, for frameworks that inspect it
-    assert said["protected"] is True and said["backend"] == "gloo" and said["recorded"] is True
+    assert said["protected"] is True
+    assert said["backend"] == "gloo"
+    assert said["recorded"] is True
     assert said["avg"] == [1.0, 1.0, 1.0]
     assert said["after_destroy"] == [False, False]
-    assert said["fake"] == ["fake", False] and said["fake_recorded"] is False
+    assert said["fake"] == ["fake", False]
+    assert said["fake_recorded"] is False
     assert said["mpi"].startswith("RuntimeError: Distributed package doesn't have MPI")
     lines = [line for line in stderr.splitlines() if line.startswith("distcompat run:")]
     assert len(lines) == 1, stderr  # once per group, on rank 0
-    assert "protected group" in lines[0] and f"{RUN_VARIABLE}=off" in lines[0]
+    assert "protected group" in lines[0]
+    assert f"{RUN_VARIABLE}=off" in lines[0]
 
 
 def test_a_late_install_patches_the_names_torch_already_handed_out() -> None:
@@ -104,7 +116,8 @@ def test_a_late_install_patches_the_names_torch_already_handed_out() -> None:
         timeout=120, check=False,
     )  # fmt: skip
     said = json.loads(done.stdout.splitlines()[-1])
-    assert not any(said["before"].values()) and said["installed"] is True
+    assert not any(said["before"].values())
+    assert said["installed"] is True
     assert all(said["after"].values())
 
 
@@ -139,7 +152,8 @@ def test_patching_is_idempotent_keeps_the_signature_and_passes_bad_calls_to_torc
     assert patch_module(module) == ["destroy_process_group"]
     assert patch_module(module) == []
     patched = module.destroy_process_group
-    assert patched is not destroy_process_group and patched.__wrapped__ is destroy_process_group
+    assert patched is not destroy_process_group
+    assert patched.__wrapped__ is destroy_process_group
     with pytest.raises(TypeError):
         patched(1, 2, 3)  # torch's own TypeError
     marker = object()
@@ -150,4 +164,5 @@ def test_patching_is_idempotent_keeps_the_signature_and_passes_bad_calls_to_torc
 def test_the_switch_is_spelled_as_the_settings_list_it() -> None:
     """The bootstrap reads the variable itself (it imports nothing of distcompat)."""
     assert bootstrap.RUN_VARIABLE == _settings.RUN_VARIABLE
-    assert bootstrap.RUN_OFF == _settings._OFF and set(bootstrap.RUN_ON) - {""} == set(_settings._ON)
+    assert bootstrap.RUN_OFF == _settings._OFF
+    assert set(bootstrap.RUN_ON) - {""} == set(_settings._ON)

@@ -1,4 +1,6 @@
-"""The ``distcompat`` command line: ``doctor``, ``diagnose``, ``dump``, ``demo``, ``bench``, ``run``.
+"""The ``distcompat`` parser: ``doctor``, ``diagnose``, ``dump``, ``demo``, ``bench``, ``run``.
+
+``_entry`` runs ``distcompat run`` without importing this module (it imports torch).
 
 Example::
 
@@ -22,11 +24,11 @@ from distcompat import __version__
 from distcompat.bench._cli import add_bench_parser, run_bench_command
 from distcompat.cli._diagnose import diagnose
 from distcompat.cli._doctor import collect_report
+from distcompat.cli._run import run_command
 from distcompat.collectives._capabilities import capabilities
 from distcompat.diagnostics._config import default_dump_dir
-from distcompat.process_group import distributed_session
-from distcompat.cli._run import run_command
 from distcompat.launch._settings import RUN_VARIABLE
+from distcompat.process_group import distributed_session
 
 __all__ = ["main"]
 

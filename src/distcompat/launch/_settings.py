@@ -310,6 +310,5 @@ def choose_protection(backend: str, environ: Mapping[str, str] | None = None) ->
     )
 
 
-
 #: The variable that turns ``distcompat run`` off for one job (read by its bootstrap, see above).
 RUN_VARIABLE = "DISTCOMPAT_RUN"

@@ -37,7 +37,7 @@ __all__ = [
     "HERE", "RUN_OFF", "RUN_ON", "RUN_VARIABLE", "TARGET", "install", "run_enabled", "switch_error",
 ]  # fmt: skip
 
-#: The switch, read here and nowhere else (``distcompat.launch._settings`` lists it with the others).
+#: The switch, read here and nowhere else (``distcompat.launch._settings`` lists it too).
 RUN_VARIABLE = "DISTCOMPAT_RUN"
 #: The module whose functions are replaced, as soon as torch has executed it.
 TARGET = "torch.distributed.distributed_c10d"
@@ -60,7 +60,7 @@ def run_enabled(environ: "Mapping[str, str] | None" = None) -> bool:
 
 
 def switch_error(environ: "Mapping[str, str]") -> "str | None":
-    """The error for a :data:`RUN_VARIABLE` value that is neither on nor off; None when valid.
+    """Return the error for a :data:`RUN_VARIABLE` value neither on nor off; None when valid.
 
     Example:
         >>> switch_error({"DISTCOMPAT_RUN": "maybe"})
@@ -97,7 +97,7 @@ class _PatchingLoader:
         self._loader = loader
 
     def create_module(self, spec: "Any") -> "ModuleType | None":
-        made: "ModuleType | None" = self._loader.create_module(spec)
+        made: ModuleType | None = self._loader.create_module(spec)
         return made
 
     def exec_module(self, module: "ModuleType") -> None:
@@ -116,9 +116,7 @@ class _Finder:
 
     distcompat_run = True  # how install() recognises one already there
 
-    def find_spec(
-        self, name: str, path: "Sequence[str] | None", target: "Any" = None
-    ) -> "Any":
+    def find_spec(self, name: str, path: "Sequence[str] | None", target: "Any" = None) -> "Any":
         if name != TARGET:
             return None
         for finder in sys.meta_path:
@@ -139,7 +137,7 @@ def install() -> bool:
     Returns whether the finder was added by this call.
 
     Example:
-        >>> install()   # once in a process that did not start under distcompat run  # doctest: +SKIP
+        >>> install()   # in a process not started by distcompat run  # doctest: +SKIP
         True
     """
     if any(getattr(finder, "distcompat_run", False) for finder in sys.meta_path):
@@ -161,7 +159,7 @@ def _chain() -> None:
     kept = sys.path[:]
     sys.path[:] = [entry for entry in kept if os.path.abspath(entry or os.curdir) != HERE]
     try:
-        import sitecustomize  # noqa: F401  (the shadowed one, or ModuleNotFoundError)
+        __import__("sitecustomize")  # the shadowed one, or ModuleNotFoundError
     except ModuleNotFoundError as exc:
         if exc.name != "sitecustomize":
             raise  # theirs failed importing something: as without distcompat, site reports it
