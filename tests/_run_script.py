@@ -78,7 +78,27 @@ def with_torch() -> dict[str, Any]:
         dist.init_process_group("mpi")
     except Exception as exc:  # torch's own error: this build has no MPI
         said["mpi"] = f"{type(exc).__name__}: {exc}"
+    said["own_init"] = _own_init()
     return said
+
+
+def _own_init() -> str:
+    """distcompat's own init, making torch's gloo group (protection off): no second init inside."""
+    import os
+    import socket
+
+    import distcompat
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port), DISTCOMPAT_PROTECT_GROUP="off",
+    )  # fmt: skip
+    info = distcompat.init_distributed(device="cpu")
+    distcompat.destroy_distributed()
+    return info.backend_reason
 
 
 def late() -> dict[str, Any]:

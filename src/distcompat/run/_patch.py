@@ -19,9 +19,12 @@ FSDP's ``dist.distributed_c10d.init_process_group()``, a framework's ``dist.*`` 
 * ``monitored_barrier``: the drop-in's, which also runs on the protected group (torch's refuses
   every backend not named gloo).
 
-While the drop-in runs, its own calls to these functions reach torch's (a thread-local flag):
-no recursion. The replacements keep torch's signature (``inspect.signature`` follows
-``__wrapped__``), and a call torch would reject with ``TypeError`` is handed to torch as it is.
+Calls from distcompat's own modules reach torch's functions: the drop-in's, and
+``init_distributed``'s when it makes a group torch's way (``DISTCOMPAT_PROTECT_GROUP=off``, NCCL),
+which must not start a second init inside the first. While the drop-in runs, every call reaches
+torch's (a thread-local flag, for torch's own code it calls): no recursion. The replacements
+keep torch's signature (``inspect.signature`` follows ``__wrapped__``), and a call torch would
+reject with ``TypeError`` is handed to torch as it is.
 """
 
 from __future__ import annotations
@@ -172,7 +175,8 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def replacement(*args: Any, **kwargs: Any) -> Any:
-        if getattr(_state, "own", False):
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if getattr(_state, "own", False) or caller.startswith("distcompat."):
             return original(*args, **kwargs)
         try:
             bound = signature.bind(*args, **kwargs)
