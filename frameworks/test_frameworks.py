@@ -162,7 +162,11 @@ def test_a_killed_rank_is_named(program: str) -> None:
     lost = re.search(r"PeerLostError: .*\(rank 1\)", ran.text)
     ended = re.search(r"distcompat: rank 1 \(pid \d+ on .*\) ended", ran.text)
     if program == "mp.spawn tcp://":  # mp.spawn's join ends rank 0 at once (module docstring)
-        cell = "PeerLostError" if lost else "named" if ended else "rank 0 ended by mp.spawn first"
+        cell = (
+            "PeerLostError (rank 1)" if lost
+            else "rank 1 named (peer watch); mp.spawn ends rank 0 before an error" if ended
+            else "mp.spawn ends rank 0 first"
+        )  # fmt: skip
     else:
         assert lost, ran.text[-4000:]
         cell = "PeerLostError (rank 1)"
