@@ -2,8 +2,8 @@
 
 Each program in this folder is plain PyTorch or Lightning and never imports distcompat. Each is
 run for real, on 2 CPU ranks, by its own launcher (torchrun, ``mp.spawn``, Lightning's re-launch
-of ``sys.argv``), once plainly and once as ``distcompat run <the same command>``, with every
-distcompat default on:
+of ``sys.argv``, Open MPI's ``mpirun`` where installed), once plainly and once as
+``distcompat run <the same command>``, with every distcompat default on:
 
 * the same bits: the final parameters' digest and the last loss are equal, and only the
   ``distcompat run`` run prints the rank-0 line;
@@ -16,8 +16,8 @@ distcompat default on:
 
 torchrun runs with ``--monitor-interval=1`` in the kill case: with its default (0.1 s) the agent
 SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
-watch's ``rank 1 ... ended`` line comes within 15 ms). ``mp.spawn`` ends the other children as
-soon as one dies: rank 0 gets out the peer watch's line at most, and the table says which.
+watch's ``rank 1 ... ended`` line comes within 15 ms). ``mp.spawn`` and ``mpirun`` end the other
+ranks as soon as one dies: rank 0 gets out the peer watch's line at most; the table says which.
 """
 
 from __future__ import annotations
@@ -54,8 +54,19 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _mpirun() -> list[str]:
+    """Open MPI's launcher for 2 local ranks; the test skips where it is not installed."""
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        pytest.skip("no mpirun.openmpi here (tools/launchers/install.py installs openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun, "-np", "2", "--oversubscribe", *root]
+
+
 def _command(program: str, kill: bool = False) -> list[str]:
     torchrun = [*TORCHRUN, "--monitor-interval=1"] if kill else TORCHRUN
+    if program == "Open MPI DDP":
+        return [*_mpirun(), sys.executable, str(HERE / "ddp_mpirun.py"), str(_free_port())]
     return {
         "torchrun DDP": [*torchrun, str(HERE / "ddp_torchrun.py")],
         "mp.spawn tcp://": [sys.executable, str(HERE / "spawn_tcp.py"), str(_free_port())],
@@ -67,7 +78,7 @@ def _command(program: str, kill: bool = False) -> list[str]:
 
 PROGRAMS = [
     "torchrun DDP", "mp.spawn tcp://", "init_device_mesh + FSDP2", "Lightning Trainer",
-    "Lightning Fabric",
+    "Lightning Fabric", "Open MPI DDP",
 ]  # fmt: skip
 
 
@@ -161,11 +172,11 @@ def test_a_killed_rank_is_named(program: str) -> None:
     assert "rank 1: killing itself" in ran.text
     lost = re.search(r"PeerLostError: .*\(rank 1\)", ran.text)
     ended = re.search(r"distcompat: rank 1 \(pid \d+ on .*\) ended", ran.text)
-    if program == "mp.spawn tcp://":  # mp.spawn's join ends rank 0 at once (module docstring)
+    if program in ("mp.spawn tcp://", "Open MPI DDP"):  # they end rank 0 at once (docstring)
         cell = (
             "PeerLostError (rank 1)" if lost
-            else "rank 1 named (peer watch); mp.spawn ends rank 0 before an error" if ended
-            else "mp.spawn ends rank 0 first"
+            else "rank 1 named (peer watch); the launcher ends rank 0 before an error" if ended
+            else "the launcher ends rank 0 first"
         )  # fmt: skip
     else:
         assert lost, ran.text[-4000:]
