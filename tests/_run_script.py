@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
@@ -78,24 +79,54 @@ def with_torch() -> dict[str, Any]:
         dist.init_process_group("mpi")
     except Exception as exc:  # torch's own error: this build has no MPI
         said["mpi"] = f"{type(exc).__name__}: {exc}"
+    said["framework_calls"] = _framework_calls()
     said["own_init"] = _own_init()
     return said
 
 
-def _own_init() -> str:
-    """distcompat's own init, making torch's gloo group (protection off): no second init inside."""
+def _launch_env_of_one_rank(**extra: str) -> None:
+    """A launcher environment of one rank (torchrun's variables), on a free port."""
     import os
     import socket
-
-    import distcompat
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     os.environ.update(
         RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), DISTCOMPAT_PROTECT_GROUP="off",
+        MASTER_PORT=str(port), **extra,
     )  # fmt: skip
+
+
+def _framework_calls() -> dict[str, bool]:
+    """torch's init called as DeepSpeed and Accelerate call it (the shapes in their sources,
+    docs/no-line-changed.md; not the frameworks themselves): is the group protected?"""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    protected = {}
+    _launch_env_of_one_rank()
+    calls: dict[str, Callable[[], None]] = {
+        # DeepSpeed's TorchBackend.init_process_group: positional backend, rank=-1, world_size=-1
+        "deepspeed": lambda: dist.init_process_group(
+            "gloo", init_method=None, timeout=timedelta(minutes=30), rank=-1, world_size=-1
+        ),
+        # Accelerate's PartialState on multi-CPU: backend=, rank, world_size (env:// rendezvous)
+        "accelerate": lambda: dist.init_process_group(backend="gloo", rank=0, world_size=1),
+    }
+    for name, call in calls.items():
+        call()
+        protected[name] = hasattr(dist.group.WORLD, "protects")
+        dist.destroy_process_group()
+    return protected
+
+
+def _own_init() -> str:
+    """distcompat's own init, making torch's gloo group (protection off): no second init inside."""
+    import distcompat
+
+    _launch_env_of_one_rank(DISTCOMPAT_PROTECT_GROUP="off")
     info = distcompat.init_distributed(device="cpu")
     distcompat.destroy_distributed()
     return info.backend_reason

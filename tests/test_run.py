@@ -90,8 +90,9 @@ def test_isolated_ignore_env_and_no_site_skip_the_bootstrap(flag: str) -> None:
 def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> None:
     """Every holder of the names (device_mesh's by-name import too) is patched; gloo makes the
     protected group, a second init is quiet, Lightning's side group and monitored_barrier and
-    AVG work, destroy goes through distcompat; ``fake`` and ``mpi`` are torch's own; the group
-    ``init_distributed`` makes torch's way (protection off) is not routed a second time."""
+    AVG work, destroy goes through distcompat; ``fake`` and ``mpi`` are torch's own; torch's init
+    called as DeepSpeed and Accelerate call it (a launcher environment of one rank) is protected;
+    the group ``init_distributed`` makes torch's way (protection off) is not routed again."""
     said, stderr = _python("torch")
     assert all(said["marks"].values())
     assert said["marks"]["device_mesh.init_process_group"]
@@ -104,9 +105,10 @@ def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> 
     assert said["fake"] == ["fake", False]
     assert said["fake_recorded"] is False
     assert said["mpi"].startswith("RuntimeError: Distributed package doesn't have MPI")
+    assert said["framework_calls"] == {"deepspeed": True, "accelerate": True}
     assert said["own_init"] == "gloo: the default for run device cpu"  # init_distributed's own
     lines = [line for line in stderr.splitlines() if line.startswith("distcompat run:")]
-    assert len(lines) == 1, stderr  # once per group made through torch's init, on rank 0
+    assert len(lines) == 3, stderr  # once per group made through torch's init, on rank 0
     assert "protected group" in lines[0]
     assert f"{RUN_VARIABLE}=off" in lines[0]
 
