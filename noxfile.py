@@ -126,8 +126,8 @@ def soak(session: nox.Session) -> None:
 def frameworks(session: nox.Session) -> None:
     """Unchanged programs under ``distcompat run`` (issue 48): torchrun DDP, ``mp.spawn`` with
     ``tcp://``, ``init_device_mesh`` + FSDP2, Lightning ``Trainer`` and Fabric on 2 CPU ranks;
-    Open MPI's ``mpirun`` where installed (the launchers session, before it in the default run,
-    installs it; elsewhere those cases skip);
+    Open MPI's ``mpirun`` and Slurm's ``srun`` where installed (the launchers session, before
+    it in the default run, installs them; elsewhere those cases skip);
     the same bits as without it, a stall, a killed rank and mismatched shapes named (about 10
     minutes on 2 cores; the table of what each showed ends the output)."""
     install(session, "tests")

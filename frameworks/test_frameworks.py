@@ -2,8 +2,8 @@
 
 Each program in this folder is plain PyTorch or Lightning and never imports distcompat. Each is
 run for real, on 2 CPU ranks, by its own launcher (torchrun, ``mp.spawn``, Lightning's re-launch
-of ``sys.argv``, Open MPI's ``mpirun`` where installed), once plainly and once as
-``distcompat run <the same command>``, with every distcompat default on:
+of ``sys.argv``, Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once plainly and
+once as ``distcompat run <the same command>``, with every distcompat default on:
 
 * the same bits: the final parameters' digest and the last loss are equal, and only the
   ``distcompat run`` run prints the rank-0 line;
@@ -28,8 +28,10 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,10 +65,35 @@ def _mpirun() -> list[str]:
     return [mpirun, "-np", "2", "--oversubscribe", *root]
 
 
+@pytest.fixture(scope="module")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """A one-node Slurm cluster (the launchers session's), for the ``srun`` program; skips
+    where Slurm or root is missing."""
+    if os.geteuid() != 0 or shutil.which("srun") is None or shutil.which("munged") is None:
+        pytest.skip("no Slurm here, or not root (tools/launchers/install.py installs slurm-wlm)")
+    sys.path.insert(0, str(HERE.parent / "tools" / "launchers"))
+    from slurm_cluster import SlurmCluster  # tools/launchers/, in the repository only
+
+    # not pytest's tmp_path: munged runs as its own user, who cannot enter pytest-of-root/
+    with tempfile.TemporaryDirectory() as work, SlurmCluster.start(Path(work) / "slurm") as cluster:
+        yield dict(cluster.env)
+
+
+@pytest.fixture
+def launcher_env(program: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """What the program's launcher needs in the environment (Slurm: its cluster's config)."""
+    if program == "Slurm srun DDP":
+        return dict(request.getfixturevalue("slurm_env"))
+    return {}
+
+
 def _command(program: str, kill: bool = False) -> list[str]:
     torchrun = [*TORCHRUN, "--monitor-interval=1"] if kill else TORCHRUN
     if program == "Open MPI DDP":
         return [*_mpirun(), sys.executable, str(HERE / "ddp_mpirun.py"), str(_free_port())]
+    if program == "Slurm srun DDP":
+        srun = ["srun", "-n", "2"]
+        return [*srun, sys.executable, str(HERE / "ddp_srun.py"), str(_free_port())]
     return {
         "torchrun DDP": [*torchrun, str(HERE / "ddp_torchrun.py")],
         "mp.spawn tcp://": [sys.executable, str(HERE / "spawn_tcp.py"), str(_free_port())],
@@ -78,7 +105,7 @@ def _command(program: str, kill: bool = False) -> list[str]:
 
 PROGRAMS = [
     "torchrun DDP", "mp.spawn tcp://", "init_device_mesh + FSDP2", "Lightning Trainer",
-    "Lightning Fabric", "Open MPI DDP",
+    "Lightning Fabric", "Open MPI DDP", "Slurm srun DDP",
 ]  # fmt: skip
 
 
@@ -135,9 +162,11 @@ def _run(
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_the_same_bits_with_and_without_distcompat_run(program: str) -> None:
-    plain = _run(program, wrapped=False)
-    wrapped = _run(program, wrapped=True)
+def test_the_same_bits_with_and_without_distcompat_run(
+    program: str, launcher_env: dict[str, str]
+) -> None:
+    plain = _run(program, wrapped=False, env=launcher_env)
+    wrapped = _run(program, wrapped=True, env=launcher_env)
     assert plain.returncode == 0, plain.text[-4000:]
     assert wrapped.returncode == 0, wrapped.text[-4000:]
     for rank in (0, 1):
@@ -152,8 +181,9 @@ def test_the_same_bits_with_and_without_distcompat_run(program: str) -> None:
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_a_stalled_rank_is_named_at_its_line(program: str) -> None:
+def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[str, str]) -> None:
     env = {"FAULT": "stall", "STALL_S": str(STALL_S), "DISTCOMPAT_WATCHDOG": str(THRESHOLD_S)}
+    env.update(launcher_env)
     ran = _run(program, wrapped=True, env=env)
     assert ran.returncode == 0, ran.text[-4000:]  # report-only: the job completes
     started = float(ran.said(1, "stall starts at"))
@@ -166,8 +196,8 @@ def test_a_stalled_rank_is_named_at_its_line(program: str) -> None:
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_a_killed_rank_is_named(program: str) -> None:
-    ran = _run(program, wrapped=True, env={"FAULT": "kill"})
+def test_a_killed_rank_is_named(program: str, launcher_env: dict[str, str]) -> None:
+    ran = _run(program, wrapped=True, env={"FAULT": "kill", **launcher_env})
     assert ran.returncode != 0
     assert "rank 1: killing itself" in ran.text
     lost = re.search(r"PeerLostError: .*\(rank 1\)", ran.text)
@@ -185,8 +215,10 @@ def test_a_killed_rank_is_named(program: str) -> None:
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
-def test_mismatched_shapes_raise_collective_mismatch_error(program: str) -> None:
-    ran = _run(program, wrapped=True, env={"FAULT": "mismatch"}, timeout=120)
+def test_mismatched_shapes_raise_collective_mismatch_error(
+    program: str, launcher_env: dict[str, str]
+) -> None:
+    ran = _run(program, wrapped=True, env={"FAULT": "mismatch", **launcher_env}, timeout=120)
     assert ran.returncode not in (0, None), ran.text[-4000:]
     assert "CollectiveMismatchError" in ran.text, ran.text[-4000:]
     TABLE.setdefault(program, {})["mismatch"] = "CollectiveMismatchError"
