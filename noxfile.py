@@ -1,12 +1,13 @@
 """Tooling as code: every check this project runs, one nox session each.
 
     nox                      # the default sessions: tests, comparisons, anysize, hostile,
-                             # conformance, lint, typing, docs, launchers, build
+                             # conformance, lint, typing, docs, launchers, build, frameworks
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s conformance       # torch's own distributed tests through distcompat's group
     nox -s comparisons       # the programs compared with plain gloo bit for bit, once
+    nox -s frameworks        # unchanged torchrun/mp.spawn/FSDP2/Lightning programs, distcompat run
     nox -s soak              # the same, 20 times over (races)
     nox -s anysize           # runs at world sizes 1-4 and across resizes, bit for bit
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
@@ -28,7 +29,7 @@ import nox
 
 nox.options.sessions = [
     "tests", "comparisons", "anysize", "hostile", "conformance", "lint", "typing", "docs",
-    "launchers", "build",
+    "launchers", "build", "frameworks",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -46,6 +47,8 @@ MYPY = "mypy==2.4.1"
 #: Ray Train for the launchers session; it does not require torch, and the torch pin is passed in
 #: the same install so pip can never swap the local CPU build for a CUDA one.
 RAY = "ray[train]==2.60.0"
+#: Lightning for the frameworks session, installed with the torch pin (as RAY is).
+LIGHTNING = "lightning==2.6.6"
 BUILD = "build==1.6.1"
 TWINE = "twine==7.0.0"
 
@@ -141,6 +144,21 @@ def soak(session: nox.Session) -> None:
         session.log(f"soak run {run} of {runs}")
         session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-x", "-p", "no:cacheprovider",
                     *session.posargs)  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def frameworks(session: nox.Session) -> None:
+    """Unchanged programs under ``distcompat run`` (issue 48): torchrun DDP, ``mp.spawn`` with
+    ``tcp://``, ``init_device_mesh`` + FSDP2, Lightning ``Trainer`` and Fabric on 2 CPU ranks;
+    Open MPI's ``mpirun`` and Slurm's ``srun`` where installed (the launchers session, before
+    it in the default run, installs them; elsewhere those cases skip);
+    the same bits as without it, a stall, a killed rank and mismatched shapes named (about 10
+    minutes on 2 cores; the table of what each showed ends the output)."""
+    install(session, "tests")
+    session.install(TORCH, LIGHTNING)
+    # addopts= : not the suite's doctest collection of src/ nor its marker filter
+    session.run("pytest", "frameworks/test_frameworks.py", "-o", "addopts=", "-q", "-p",
+                "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
 @nox.session(python=PYTHON)

@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("helpers", ("diagnostics", "checkpoint", "data", "join", "attention", "anysize")),
     ("logging", ("rank_logging",)),
     ("lifecycle", ("process_group",)),
-    ("entry points", ("runtime", "testing", "distributed", "preemption")),
+    ("entry points", ("runtime", "testing", "distributed", "preemption", "run")),
     ("public face", ("distcompat",)),
     ("commands", ("demo", "bench")),
     ("command line", ("cli",)),

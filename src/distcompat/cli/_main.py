@@ -1,4 +1,6 @@
-"""The ``distcompat`` command line: ``doctor``, ``diagnose``, ``dump``, ``demo`` and ``bench``.
+"""The ``distcompat`` parser: ``doctor``, ``diagnose``, ``dump``, ``demo``, ``bench``, ``run``.
+
+``_entry`` runs ``distcompat run`` without importing this module (it imports torch).
 
 Example::
 
@@ -8,6 +10,7 @@ Example::
     distcompat dump 4121                           # a live job: every rank dumps, goes on
     distcompat demo --out demo-out                 # train on 2 local gloo ranks, check, report
     distcompat bench --quick                       # nccl-tests-style table of your group
+    distcompat run torchrun --nproc-per-node=2 train.py   # train.py unchanged, protected
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from distcompat import __version__
 from distcompat.bench._cli import add_bench_parser, run_bench_command
 from distcompat.cli._diagnose import diagnose
 from distcompat.cli._doctor import collect_report
+from distcompat.cli._run import run_command
 from distcompat.collectives._capabilities import capabilities
 from distcompat.diagnostics._config import default_dump_dir
+from distcompat.launch._settings import RUN_VARIABLE
 from distcompat.process_group import distributed_session
 
 __all__ = ["main"]
@@ -92,6 +97,19 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     dump.add_argument("pids", metavar="PID", type=int, nargs="+", help="a rank's process id")
+    run = commands.add_parser(
+        "run",
+        help="run a command so that every Python process beneath gets distcompat's init",
+        description=(
+            "Run CMD (torchrun ..., python ..., srun ..., mpirun ...) with distcompat's "
+            "bootstrap first on PYTHONPATH: in every Python process beneath, torch's "
+            "init_process_group (and init_device_mesh's, and destroy_process_group) is "
+            "distcompat's drop-in for gloo and nccl, so DDP, FSDP2 and every library's "
+            "collectives are checked and watched with no line of the program changed. "
+            f"{RUN_VARIABLE}=off runs the same command on torch's own init."
+        ),
+    )
+    run.add_argument("argv", metavar="CMD [ARGS...]", nargs=argparse.REMAINDER)
     # Imported here, not at the top: the demo imports distcompat.attention, which pulls in
     # torch._dynamo (heavy), and `distcompat doctor` should not pay for it.
     from distcompat.demo._cli import add_demo_parser
@@ -165,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_demo_command(options)
     if options.command == "bench":
         return run_bench_command(options)
+    if options.command == "run":
+        return run_command(options.argv)
     parser.print_help()
     return 2
 

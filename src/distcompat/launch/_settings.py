@@ -18,6 +18,12 @@ does for the device and the timeout::
   name. Where a rank of a multi-machine job listens for its peers' links (``peers._links``):
   every interface, none, or that address (the interface's IPv4 address).
 
+* ``DISTCOMPAT_RUN``: ``on`` (the default) or ``off``. Whether ``distcompat run`` puts distcompat's
+  init in place of torch's (``off``: the command runs on torch's own). Read by the bootstrap
+  (``distcompat.run.bootstrap.sitecustomize``), not here: it runs at every interpreter's
+  start-up and so imports nothing of distcompat (this module imports torch's placement);
+  tests/test_run.py checks that both spell the variable the same.
+
 Why 120 s by default. A report-only watchdog's false alarm costs a log record and a dump, not the
 job, but a report that fires during legitimate work teaches users to ignore it. Measured on the
 2-core VM (docs/hangs.md): no collective of a healthy ``distcompat demo`` run waited 0.5 s, but
@@ -46,6 +52,7 @@ __all__ = [
     "MISMATCH_VARIABLE",
     "PEER_LINKS_VARIABLE",
     "PROTECT_VARIABLE",
+    "RUN_VARIABLE",
     "SHM_VARIABLE",
     "WATCHDOG_VARIABLE",
     "MismatchChoice",
@@ -372,3 +379,6 @@ def choose_peer_links(environ: Mapping[str, str] | None = None) -> PeerLinksChoi
     return PeerLinksChoice(
         on=True, bind=value, reason=f"address {value}: {PEER_LINKS_VARIABLE}={text}"
     )
+
+#: The variable that turns ``distcompat run`` off for one job (read by its bootstrap, see above).
+RUN_VARIABLE = "DISTCOMPAT_RUN"

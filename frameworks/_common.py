@@ -1,0 +1,47 @@
+"""What the framework programs share, none of it distcompat: the fault a run asks for, the digest.
+
+The programs under ``frameworks/`` are plain PyTorch (and Lightning) programs that never import
+distcompat; ``frameworks/test_frameworks.py`` runs each with and without ``distcompat run``.
+``FAULT`` picks what happens at step 3: ``stall`` (rank 1 sleeps ``STALL_S``, 20 by default),
+``kill`` (rank 1 SIGKILLs itself 1 s into the step, while rank 0 waits in a collective) or
+``mismatch`` (every rank all-reduces a new metric whose length differs between ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import time
+
+import torch
+
+FAULT = os.environ.get("FAULT", "")
+STALL_S = float(os.environ.get("STALL_S", "20"))
+
+
+def fault(rank: int, step: int, all_reduce: object = None) -> None:
+    """At step 3 on rank 1, do what ``FAULT`` says (see the module docstring)."""
+    if rank != 1 or step != 3 or not FAULT:
+        return
+    if FAULT == "stall":
+        print(f"rank {rank}: stall starts at {time.time():.3f}", flush=True)
+        time.sleep(STALL_S)  # the stalled line a report must name
+    elif FAULT == "kill":
+        time.sleep(1)  # rank 0 is in the step's first collective by now
+        print(f"rank {rank}: killing itself at {time.time():.3f}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def shapes_for(rank: int, step: int) -> int:
+    """The length of the metric this rank all-reduces: 4; at step 3 of ``mismatch``, 6 + rank."""
+    return 6 + rank if FAULT == "mismatch" and step == 3 else 4
+
+
+def digest(tensors: list[torch.Tensor]) -> str:
+    """sha256 of the tensors' bytes, in order: equal digests are equal bits."""
+    sha = hashlib.sha256()
+    for tensor in tensors:
+        raw = tensor.detach().cpu().contiguous().view(torch.uint8).flatten()  # no NumPy here
+        sha.update(bytes(raw.tolist()))
+    return sha.hexdigest()

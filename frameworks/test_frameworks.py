@@ -1,0 +1,224 @@
+"""Unchanged framework programs under ``distcompat run`` (``nox -s frameworks``; issue 48).
+
+Each program in this folder is plain PyTorch or Lightning and never imports distcompat. Each is
+run for real, on 2 CPU ranks, by its own launcher (torchrun, ``mp.spawn``, Lightning's re-launch
+of ``sys.argv``, Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once plainly and
+once as ``distcompat run <the same command>``, with every distcompat default on:
+
+* the same bits: the final parameters' digest and the last loss are equal, and only the
+  ``distcompat run`` run prints the rank-0 line;
+* a stalled rank (rank 1 sleeps 12 s in its step, ``DISTCOMPAT_WATCHDOG=2``) is named with its
+  line (``_common.py``'s ``time.sleep``) within the threshold + 8 s, and the job completes;
+* a killed rank (SIGKILL 1 s into a step, rank 0 waiting) is named: ``PeerLostError`` naming
+  rank 1 (under ``mp.spawn``, what rank 0 could say before ``mp.spawn`` ended it: see below);
+* mismatched shapes (every rank all-reduces a new metric, of 6 and 7 elements) raise
+  ``CollectiveMismatchError`` on the ranks.
+
+torchrun runs with ``--monitor-interval=1`` in the kill case: with its default (0.1 s) the agent
+SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
+watch's ``rank 1 ... ended`` line comes within 15 ms). ``mp.spawn`` and ``mpirun`` end the other
+ranks as soon as one dies: rank 0 gets out the peer watch's line at most; the table says which.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import TABLE
+
+HERE = Path(__file__).resolve().parent
+BIN = Path(sys.executable).parent
+TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2"]
+THRESHOLD_S = 2.0
+STALL_S = 12.0
+SLEEP_LINE = next(
+    n for n, line in enumerate((HERE / "_common.py").read_text().splitlines(), 1)
+    if "time.sleep(STALL_S)" in line
+)  # fmt: skip
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _mpirun() -> list[str]:
+    """Open MPI's launcher for 2 local ranks; the test skips where it is not installed."""
+    mpirun = shutil.which("mpirun.openmpi")
+    if mpirun is None:
+        pytest.skip("no mpirun.openmpi here (tools/launchers/install.py installs openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun, "-np", "2", "--oversubscribe", *root]
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> Iterator[dict[str, str]]:
+    """A one-node Slurm cluster (the launchers session's), for the ``srun`` program; skips
+    where Slurm or root is missing."""
+    if os.geteuid() != 0 or shutil.which("srun") is None or shutil.which("munged") is None:
+        pytest.skip("no Slurm here, or not root (tools/launchers/install.py installs slurm-wlm)")
+    sys.path.insert(0, str(HERE.parent / "tools" / "launchers"))
+    from slurm_cluster import SlurmCluster  # tools/launchers/, in the repository only
+
+    # not pytest's tmp_path: munged runs as its own user, who cannot enter pytest-of-root/
+    with tempfile.TemporaryDirectory() as work, SlurmCluster.start(Path(work) / "slurm") as cluster:
+        yield dict(cluster.env)
+
+
+@pytest.fixture
+def launcher_env(program: str, request: pytest.FixtureRequest) -> dict[str, str]:
+    """What the program's launcher needs in the environment (Slurm: its cluster's config)."""
+    if program == "Slurm srun DDP":
+        return dict(request.getfixturevalue("slurm_env"))
+    return {}
+
+
+def _command(program: str, kill: bool = False) -> list[str]:
+    torchrun = [*TORCHRUN, "--monitor-interval=1"] if kill else TORCHRUN
+    if program == "Open MPI DDP":
+        return [*_mpirun(), sys.executable, str(HERE / "ddp_mpirun.py"), str(_free_port())]
+    if program == "Slurm srun DDP":
+        srun = ["srun", "-n", "2"]
+        return [*srun, sys.executable, str(HERE / "ddp_srun.py"), str(_free_port())]
+    return {
+        "torchrun DDP": [*torchrun, str(HERE / "ddp_torchrun.py")],
+        "mp.spawn tcp://": [sys.executable, str(HERE / "spawn_tcp.py"), str(_free_port())],
+        "init_device_mesh + FSDP2": [*torchrun, str(HERE / "mesh_fsdp2.py")],
+        "Lightning Trainer": [sys.executable, str(HERE / "lightning_trainer.py")],
+        "Lightning Fabric": [sys.executable, str(HERE / "lightning_fabric.py")],
+    }[program]
+
+
+PROGRAMS = [
+    "torchrun DDP", "mp.spawn tcp://", "init_device_mesh + FSDP2", "Lightning Trainer",
+    "Lightning Fabric", "Open MPI DDP", "Slurm srun DDP",
+]  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Ran:
+    returncode: int | None
+    lines: list[tuple[float, str]]  # (time.time() when read, line)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def said(self, rank: int, what: str) -> str:
+        """The last value of ``rank R: WHAT VALUE`` (two ranks' lines may share a line)."""
+        found = re.findall(rf"rank {rank}: {what} (\S+?)(?=rank \d+: |\s|$)", self.text)
+        assert found, f"no 'rank {rank}: {what}' in:\n{self.text[-4000:]}"
+        return str(found[-1])
+
+
+def _run(
+    program: str, *, wrapped: bool, env: dict[str, str] | None = None, timeout: float = 240
+) -> Ran:
+    """Run ``program`` (under ``distcompat run`` if ``wrapped``); stamp each output line."""
+    command = _command(program, kill=(env or {}).get("FAULT") == "kill")
+    if wrapped:
+        distcompat = shutil.which("distcompat", path=str(BIN))
+        assert distcompat is not None
+        command = [distcompat, "run", *command]
+    environ = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DISTCOMPAT_RUN")}
+    environ.update(env or {})
+    proc = subprocess.Popen(
+        command, cwd=HERE, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.time(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+        code = None
+    reader.join(timeout=10)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return Ran(code, lines)
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_the_same_bits_with_and_without_distcompat_run(
+    program: str, launcher_env: dict[str, str]
+) -> None:
+    plain = _run(program, wrapped=False, env=launcher_env)
+    wrapped = _run(program, wrapped=True, env=launcher_env)
+    assert plain.returncode == 0, plain.text[-4000:]
+    assert wrapped.returncode == 0, wrapped.text[-4000:]
+    for rank in (0, 1):
+        assert wrapped.said(rank, "digest") == plain.said(rank, "digest")
+        assert wrapped.said(rank, "loss") == plain.said(rank, "loss")
+    line = [text for _, text in wrapped.lines if text.startswith("distcompat run:")]
+    assert len(line) == 1
+    assert "protected group" in line[0]
+    assert "DISTCOMPAT_RUN=off" in line[0]
+    assert "distcompat" not in plain.text
+    TABLE.setdefault(program, {})["bits plain vs run"] = "equal"
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[str, str]) -> None:
+    env = {"FAULT": "stall", "STALL_S": str(STALL_S), "DISTCOMPAT_WATCHDOG": str(THRESHOLD_S)}
+    env.update(launcher_env)
+    ran = _run(program, wrapped=True, env=env)
+    assert ran.returncode == 0, ran.text[-4000:]  # report-only: the job completes
+    started = float(ran.said(1, "stall starts at"))
+    named = re.compile(rf"rank 1\b.*_common\.py:{SLEEP_LINE}\b")
+    when = [stamp for stamp, text in ran.lines if named.search(text)]
+    assert when, ran.text[-4000:]
+    after = when[0] - started
+    assert after <= THRESHOLD_S + 8, after
+    TABLE.setdefault(program, {})["stall named after"] = f"{after:.1f} s"
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_a_killed_rank_is_named(program: str, launcher_env: dict[str, str]) -> None:
+    ran = _run(program, wrapped=True, env={"FAULT": "kill", **launcher_env})
+    assert ran.returncode != 0
+    assert "rank 1: killing itself" in ran.text
+    lost = re.search(r"PeerLostError: .*\(rank 1\)", ran.text)
+    ended = re.search(r"distcompat: rank 1 \(pid \d+ on .*\) ended", ran.text)
+    if program in ("mp.spawn tcp://", "Open MPI DDP"):  # they end rank 0 at once (docstring)
+        cell = (
+            "PeerLostError (rank 1)" if lost
+            else "rank 1 named (peer watch); the launcher ends rank 0 before an error" if ended
+            else "the launcher ends rank 0 first"
+        )  # fmt: skip
+    else:
+        assert lost, ran.text[-4000:]
+        cell = "PeerLostError (rank 1)"
+    TABLE.setdefault(program, {})["killed rank"] = cell
+
+
+@pytest.mark.parametrize("program", PROGRAMS)
+def test_mismatched_shapes_raise_collective_mismatch_error(
+    program: str, launcher_env: dict[str, str]
+) -> None:
+    ran = _run(program, wrapped=True, env={"FAULT": "mismatch", **launcher_env}, timeout=120)
+    assert ran.returncode not in (0, None), ran.text[-4000:]
+    assert "CollectiveMismatchError" in ran.text, ran.text[-4000:]
+    TABLE.setdefault(program, {})["mismatch"] = "CollectiveMismatchError"
