@@ -380,5 +380,6 @@ def choose_peer_links(environ: Mapping[str, str] | None = None) -> PeerLinksChoi
         on=True, bind=value, reason=f"address {value}: {PEER_LINKS_VARIABLE}={text}"
     )
 
+
 #: The variable that turns ``distcompat run`` off for one job (read by its bootstrap, see above).
 RUN_VARIABLE = "DISTCOMPAT_RUN"
