@@ -38,7 +38,12 @@ import torch
 import torch.distributed as dist
 
 from distcompat._store import QuickStore, StoreUnreachable, asked_until
-from distcompat.collectives._errors import CollectiveError, raise_typed
+from distcompat.collectives._errors import (
+    CollectiveError,
+    CollectiveTimeoutError,
+    raise_typed,
+    translate,
+)
 from distcompat.collectives._group import global_rank
 from distcompat.collectives._native import all_gather_flat
 from distcompat.collectives._profiled import internal
@@ -218,6 +223,13 @@ def _codes_agree(state: _State, sig: tuple[Any, ...], group: Any, started: float
     except CollectiveError:
         raise
     except RuntimeError as exc:
+        error = translate(exc, sig[0], group)
+        if isinstance(error, CollectiveTimeoutError) and not error.peers:
+            # gloo's own timeout came before the wait's deadline (a loaded machine): the ranks
+            # whose ask key is missing never reached the call, as the wait would have named
+            absent = _absent(store, asked, group)
+            if absent:
+                raise late_error(sig[0], 0, state.wait_s, absent) from exc
         raise_typed(exc, sig[0], group)
     return bool((codes == mine).all())
 
