@@ -1,7 +1,8 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, comparisons, anysize, hostile,
-                             # conformance, lint, typing, docs, launchers, build, frameworks
+    nox                      # the default sessions: tests, matrix, comparisons, anysize,
+                             # hostile, conformance, lint, typing, docs, launchers, build,
+                             # frameworks
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
@@ -28,8 +29,8 @@ from pathlib import Path
 import nox
 
 nox.options.sessions = [
-    "tests", "comparisons", "anysize", "hostile", "conformance", "lint", "typing", "docs",
-    "launchers", "build", "frameworks",
+    "tests", "matrix", "comparisons", "anysize", "hostile", "conformance", "lint", "typing",
+    "docs", "launchers", "build", "frameworks",
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
@@ -68,7 +69,19 @@ def tests(session: nox.Session) -> None:
     # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
     # the session under its 10-minute goal
     session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
-                "--durations=15", *session.posargs)  # fmt: skip
+                "--ignore", MATRIX, "--durations=15", *session.posargs)  # fmt: skip
+
+
+#: The defaults matrix (36 hang scenarios on real ranks, about 2 minutes on 2 cores): its own
+#: session keeps ``tests`` under 10 minutes.
+MATRIX = "tests/test_diagnostics_matrix.py"
+
+
+@nox.session(python=PYTHON)
+def matrix(session: nox.Session) -> None:
+    """The defaults matrix: where real jobs hang, every default on, on real rank processes."""
+    install(session, "tests")
+    session.run("pytest", MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(python=PYTHON)
