@@ -139,14 +139,11 @@ batch of 6 or 12 for 3 ranks)
             raise ValueError(f"rank={me} of world_size={world} is not a rank of that world")
         if self.micro_batches % world:
             sizes = ", ".join(str(w) for w in self.valid_world_sizes())
-            grow = world * self.micro_batch
-            lower = self.global_batch // grow * grow
-            options = [b for b in (lower, lower + grow) if b > 0]
             raise BatchSplitError(
                 f"global_batch={self.global_batch} with micro_batch={self.micro_batch} is "
                 f"{self.micro_batches} micro-batches, which do not split over {world} ranks; "
                 f"world sizes that work: {sizes} (or a global batch of "
-                f"{' or '.join(str(b) for b in options)} for {world} ranks)"
+                f"{_near_multiples(self.global_batch, world * self.micro_batch)} for {world} ranks)"
             )
         accum = self.micro_batches // world
         return RankShare(
@@ -202,5 +199,6 @@ batch of 6 or 12 for 3 ranks)
 
 
 def _near_multiples(value: int, unit: int) -> str:
+    """Return the positive multiples of ``unit`` just below and above ``value``, as text."""
     lower = value // unit * unit
     return " or ".join(str(b) for b in (lower, lower + unit) if b > 0)
