@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -137,10 +136,6 @@ def train(
         "world_size": distcompat.get_world_size(),
         "step": plan.step,
     }
-
-
-def save_path(tmp: Path) -> str:
-    return str(tmp / "ckpt")
 
 
 def dropout_masks(seed: int = 3) -> dict[int, list[bool]]:
