@@ -22,7 +22,7 @@ from distcompat.collectives._group import group_size
 from distcompat.collectives._profiled import showing
 from distcompat.collectives._reduce_scatter import check_sizes, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce
-from distcompat.collectives._work import CompatWork, done_if_async, joined
+from distcompat.collectives._work import CompatWork, done_if_async, finish_now, joined
 
 __all__ = ["all_reduce_coalesced", "reduce_scatter_coalesced"]
 
@@ -91,7 +91,7 @@ def all_reduce_coalesced(
         with showing([tensors[i] for i in bucket]):  # a profiler's event shows the caller's
             handles.append(all_reduce(flat, op=op, group=group, async_op=async_op))
     if not async_op:
-        copy_back()
+        finish_now(copy_back, tensors)
         return None
     return joined([h for h in handles if h is not None], copy_back, list(tensors))
 
@@ -166,6 +166,6 @@ def reduce_scatter_coalesced(
         for flat_out, flat_in in zip(flat_outs, flat_ins, strict=True)
     ]
     if not async_op:
-        copy_back()
+        finish_now(copy_back, outputs)
         return None
     return joined([h for h in handles if h is not None], copy_back, list(outputs))

@@ -15,7 +15,7 @@ from typing import Any
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import Finish, Transport
-from distcompat.collectives._work import CompatWork, done_if_async
+from distcompat.collectives._work import CompatWork, done_if_async, finish_now
 from distcompat.collectives.agree import _state, wait_answering
 
 __all__ = ["issue"]
@@ -36,7 +36,7 @@ def issue(
     """
     if call is None:
         if finish is not None:
-            finish()
+            finish_now(finish, result)
         return done_if_async(result, async_op)
     watcher = _checked.watch  # distcompat.diagnostics' watchdog, None unless one is active
     try:
@@ -49,7 +49,7 @@ def issue(
             else:  # a bounded wait: a hang becomes a report and HangError, not a group timeout
                 watcher.wait_sync(call(True), op, group)
             if finish is not None:
-                finish()
+                finish_now(finish, result)
             return None
         work = call(True)
     except RuntimeError as exc:  # inline, not typed_errors(): this is every call's hot path

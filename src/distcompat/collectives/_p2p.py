@@ -43,7 +43,7 @@ from distcompat.collectives._group import (
 from distcompat.collectives._issue import issue
 from distcompat.collectives._wait import Wait, timeout_error
 from distcompat.collectives._wire import Finish, chain, stage_input, stage_output
-from distcompat.collectives._work import CompatWork, done_if_async
+from distcompat.collectives._work import CompatWork, done_if_async, finish_now
 
 __all__ = [
     "NoPeerError",
@@ -184,7 +184,7 @@ def recv(
         wire,
         _peer(group, src, group_src),
     )
-    copy_back()
+    finish_now(copy_back, tensor)
     return int(sender)
 
 

@@ -22,7 +22,7 @@ from torch.overrides import has_torch_function
 from distcompat.collectives import _checked, _probed
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, Finish
-from distcompat.collectives._work import CompatWork
+from distcompat.collectives._work import CompatWork, finish_now
 from distcompat.collectives.agree import _state as _agree
 from distcompat.collectives.agree import check as _agree_check
 from distcompat.collectives.agree import wait_answering as _wait_answering
@@ -216,7 +216,7 @@ def _complete(
         except RuntimeError as exc:
             _late(exc, work, op, group, watcher, raw)
     if finish is not None:
-        finish()
+        finish_now(finish, result)
     return None
 
 

@@ -265,14 +265,15 @@ class Engine(Ops):
         """All-reduce a small contiguous ``tensor`` here and now: None once done, else its work.
 
         The synchronous small all_reduce (up to ``SMALL_BYTES``, nothing else of the group in
-        flight, ``op`` one of SUM, MIN and MAX) without an op object, a generator or a future:
+        flight, ``op`` one of SUM, MIN and MAX, not an inference tensor: see ``writing_into``)
+        without an op object, a generator or a future:
         the same steps, barrier and signature as ``_all_reduce``'s one-barrier case, so peers
         may run either. The work handed back is one still to wait for (``wait``, a
         watchdog's first slice, passed first: its wait goes on from the barrier), one that failed
         (its ``wait()`` raises), or, off that case, one not started.
         """
         nbytes = tensor.nbytes
-        if nbytes > self._small_bytes or not self.idle() or recording():
+        if nbytes > self._small_bytes or not self.idle() or recording() or tensor.is_inference():
             flat = tensor if tensor.dim() == 1 else tensor.view(-1)
             return self.run_now("all_reduce", self.all_reduce(flat, op), wait, (tensor,))
         self.calls += 1

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from distcompat.collectives.shm._work import Steps
 
-__all__ = ["REDUCERS", "SMALL_BYTES"]
+__all__ = ["REDUCERS", "SMALL_BYTES", "writing_into"]
 
 R = dist.ReduceOp
 _Reducer = Callable[..., torch.Tensor]
@@ -126,6 +126,27 @@ def _fold(small: _Small, terms: list[torch.Tensor], out: torch.Tensor) -> Steps:
     """Fold a small all_reduce's slots into ``out``: its one step after the barrier."""
     _fold_into(small.fold, terms, out)
     yield from ()
+
+
+def writing_into(out: torch.Tensor, steps: Steps) -> Steps:
+    """Return an op's ``steps``, which fold into ``out``, able to write into an inference tensor.
+
+    torch refuses an in-place update to a tensor made under ``torch.inference_mode()`` outside
+    it, and the steps run in whichever thread waits (or the group's): for such an ``out`` each
+    step runs under inference mode, entered and left around it, as no thread may keep it
+    across a barrier. Other tensors' steps are returned as they are, at no cost.
+    """
+    return _inference_steps(steps) if out.is_inference() else steps
+
+
+def _inference_steps(steps: Steps) -> Steps:
+    while True:
+        with torch.inference_mode():
+            try:
+                next(steps)
+            except StopIteration:
+                return
+        yield
 
 
 def _part(count: int, world: int, rank: int, itemsize: int) -> tuple[int, int]:

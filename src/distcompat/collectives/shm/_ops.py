@@ -24,6 +24,7 @@ from distcompat.collectives.shm._folds import (
     _move,
     _part,
     _Small,
+    writing_into,
 )
 from distcompat.collectives.shm._segment import Segment
 from distcompat.collectives.shm._work import Call, Steps, signature
@@ -52,7 +53,7 @@ class Ops:
         """Return the op (see ``_all_reduce``)."""
         return Call(
             signature("all_reduce", str(flat.dtype), flat.numel(), str(op)),
-            self._all_reduce(flat, op),
+            writing_into(flat, self._all_reduce(flat, op)),
         )
 
     def _small(self, tensor: torch.Tensor, op: Any) -> _Small:
@@ -200,7 +201,7 @@ class Ops:
         """Return the op (see ``_reduce_scatter``)."""
         return Call(
             signature("reduce_scatter", str(out.dtype), out.numel(), str(op)),
-            self._reduce_scatter(out, flat, op),
+            writing_into(out, self._reduce_scatter(out, flat, op)),
         )
 
     def _reduce_scatter(self, out: torch.Tensor, flat: torch.Tensor, op: Any) -> Steps:
