@@ -52,13 +52,15 @@ def environ(**changes: str | None) -> Iterator[None]:
 
 
 def outcome() -> str:
-    """What the default group is: rank, size, timeout, and the sum of rank + 1 over it."""
+    """What the default group is: rank, size, timeout, the sum of rank + 1 over it, and the
+    backend ``get_backend()`` names (a framework branches on it)."""
     total = torch.tensor([float(tdist.get_rank() + 1)])
     tdist.all_reduce(total)  # raw torch on the default group
     backend = tdist.group.WORLD._get_backend(torch.device("cpu"))  # type: ignore[union-attr]
     timeout = backend.options._timeout.total_seconds()
     return (
-        f"{tdist.get_rank()} of {tdist.get_world_size()}, timeout {timeout:g}, sum {total.item():g}"
+        f"{tdist.get_rank()} of {tdist.get_world_size()}, timeout {timeout:g}, "
+        f"sum {total.item():g}, backend {tdist.get_backend()}"
     )
 
 
@@ -96,6 +98,7 @@ def cases(rank: int, world: int, directory: str) -> dict[str, Case]:
         "timeout": (same, lambda init, port: init("gloo", timeout=timedelta(seconds=37))),
         "group-name": (same, lambda init, port: init("gloo", group_name="mine")),
         "cpu-gloo-backend-string": (same, lambda init, port: init("cpu:gloo")),
+        "gloo-device-map": (same, lambda init, port: init("cpu:gloo,cuda:gloo")),
         "pg-options-none": (same, lambda init, port: init("gloo", pg_options=None)),
         "store": (same, store),
         # torch's distributed tests export WORLD_SIZE and pass each rank its rank
@@ -140,8 +143,9 @@ def main() -> None:
             try:
                 make(init, port)
                 said = outcome()
+                protected = hasattr(tdist.group.WORLD, "protects")
             except Exception as exc:  # the outcome under test
-                said = f"raised {type(exc).__name__}"
+                said, protected = f"raised {type(exc).__name__}", False
             if tdist.is_initialized():
                 destroy()
             if tdist.is_initialized():  # distcompat leaves a group torch made to torch
@@ -150,6 +154,7 @@ def main() -> None:
         harness.wait([f"{api}/{name}/done{r}" for r in range(world)])
         del kept
         print(f"rank {rank}: {name} -> {said}", flush=True)
+        print(f"protected {rank}: {name} -> {protected}", flush=True)
     left = sorted(t.name for t in threading.enumerate() if t.name.startswith("distcompat"))
     print(f"rank {rank}: threads-left -> {left}", flush=True)
 

@@ -229,8 +229,16 @@ def test_the_group_forwards_inside_an_entry_and_wraps_outside() -> None:
 
 
 def test_protection_is_chosen_per_backend_and_variable() -> None:
-    """gloo: on unless DISTCOMPAT_PROTECT_GROUP=off; nccl: torch's own; a bad value is named."""
+    """gloo and device maps of gloo only: on unless DISTCOMPAT_PROTECT_GROUP=off; nccl, and a map
+    that names it beside gloo: torch's own, saying the gloo half is not checked; a bad value is
+    named."""
     assert choose_protection("gloo", environ={}).on
+    assert choose_protection("cpu:gloo", environ={}).on
+    assert choose_protection("cpu:gloo, cuda:gloo", environ={}).on
+    assert not choose_protection("cpu:gloo", environ={"DISTCOMPAT_PROTECT_GROUP": "0"}).on
+    mixed = choose_protection("cpu:gloo,cuda:nccl", environ={})
+    assert not mixed.on
+    assert "gloo half is not checked" in mixed.reason
     assert not choose_protection("gloo", environ={"DISTCOMPAT_PROTECT_GROUP": "off"}).on
     assert not choose_protection("nccl", environ={}).on
     with pytest.raises(LaunchEnvError, match="DISTCOMPAT_PROTECT_GROUP='maybe'"):

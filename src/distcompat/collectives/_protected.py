@@ -385,8 +385,10 @@ def _name_it_gloo() -> None:
     torch records a group under the name it was made with (``"distcompat"``), and code that asks
     for the backend's name branches on ``"gloo"``: torch's own ``monitored_barrier`` refuses
     anything else, libraries pick CPU paths by it. The protected group is gloo underneath, so
-    the name torch hands back is translated; torch's record (what ``new_group()`` reads to make
-    protected subgroups) keeps ``"distcompat"``.
+    the name torch hands back is translated (in a device map too: ``"cpu:distcompat"`` is
+    ``"cpu:gloo"``); torch's record (what ``new_group()`` reads to make protected subgroups)
+    keeps ``"distcompat"``. A default group asked for without a backend answers
+    ``"undefined"``, it and its subgroups, as torch's does (its ``asked_as``).
     """
     c10d = dist.distributed_c10d
     asked = c10d.get_backend
@@ -396,7 +398,11 @@ def _name_it_gloo() -> None:
     @functools.wraps(asked)
     def get_backend(group: Any = None) -> Any:
         name = asked(group)
-        return dist.Backend.GLOO if name == BACKEND else name
+        if name == BACKEND:  # the default group or one of its subgroups made without a backend
+            return getattr(c10d._world.default_pg, "asked_as", dist.Backend.GLOO)
+        if isinstance(name, str) and name.endswith(f":{BACKEND}"):  # a map: each part ends so
+            return name.replace(f":{BACKEND}", f":{dist.Backend.GLOO}")
+        return name
 
     get_backend.translates = BACKEND  # type: ignore[attr-defined]
     c10d.get_backend = get_backend  # what torch's own functions (monitored_barrier) call

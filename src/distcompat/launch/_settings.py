@@ -282,12 +282,17 @@ class ProtectChoice:
 def choose_protection(backend: str, environ: Mapping[str, str] | None = None) -> ProtectChoice:
     """Decide whether a new ``backend`` group is distcompat's protected group.
 
-    On for gloo unless ``DISTCOMPAT_PROTECT_GROUP`` says ``off``: DDP, FSDP2, checkpoints and
-    ``torch.distributed`` calls then go through distcompat's checks. Other backends (NCCL) keep
-    torch's own group: a wrapped NCCL group has not been measured at 0.99x of raw NCCL or better.
+    On for gloo, and for a per-device map of gloo only (``"cpu:gloo"``), unless
+    ``DISTCOMPAT_PROTECT_GROUP`` says ``off``: DDP, FSDP2, checkpoints and ``torch.distributed``
+    calls then go through distcompat's checks. Other backends (NCCL) keep torch's own group: a
+    wrapped NCCL group has not been measured at 0.99x of raw NCCL or better. A map that names
+    NCCL (``"cpu:gloo,cuda:nccl"``) is one group holding both backends, so its CPU half stays
+    torch's too.
 
     Example:
-        >>> choose_protection("nccl", environ={}).on
+        >>> choose_protection("nccl", environ={}).on, choose_protection("cpu:gloo", environ={}).on
+        (False, True)
+        >>> choose_protection("cpu:gloo,cuda:nccl", environ={}).on
         False
     """
     env = os.environ if environ is None else environ
@@ -297,12 +302,20 @@ def choose_protection(backend: str, environ: Mapping[str, str] | None = None) ->
             f"{PROTECT_VARIABLE}={text!r}: expected 'on' or 'off' (or 1 / 0)",
             variable=PROTECT_VARIABLE,
         )
-    if backend != "gloo":
+    names = {part.rpartition(":")[2].strip().lower() for part in backend.split(",")}
+    if names != {"gloo"}:
+        half = (
+            "; one group holds every backend of a device map, so its gloo half is not checked "
+            "either"
+            if "gloo" in names
+            else ""
+        )
         return ProtectChoice(
             on=False,
             reason=(
                 f"torch's own {backend} group: calls past distcompat's functions (DDP, FSDP2) are "
-                "not checked (a wrapped NCCL group has not been measured at >= 0.99x of raw NCCL)"
+                "not checked (a wrapped NCCL group has not been measured at >= 0.99x of raw "
+                f"NCCL){half}"
             ),
         )
     if text.lower() in _OFF:

@@ -49,14 +49,22 @@ def _publish_identity(launch: LaunchEnv) -> None:
     peers.start(dist.get_rank(), world, links=not one_machine)  # publishes the identity
 
 
-def _protected_backend() -> str:
-    """Register distcompat's protected gloo group with torch; return the backend name to init."""
+def _protected_backend(requested: str | None = None) -> str:
+    """Register distcompat's protected gloo group with torch; return the backend name to init.
+
+    A per-device map of gloo (``"cpu:gloo"``) keeps its devices, each naming the protected
+    group (``"cpu:distcompat"``), so ``get_backend()`` answers the map as on plain torch.
+    """
     # Imported by the first group, not with this module: any collectives module brings the whole
     # collectives face (shm, agree, direct), which `import distcompat.process_group` should not
     # pay for (issue 28); a program that makes a group goes on to use it.
     from distcompat.collectives._protected import register
 
-    return register()
+    name = register()
+    if requested is None or ":" not in requested:
+        return name
+    devices = [part.partition(":")[0].strip().lower() for part in requested.split(",")]
+    return ",".join(f"{device}:{name}" for device in devices)
 
 
 def _bind(choice: DeviceChoice) -> None:
@@ -238,7 +246,7 @@ def create_group(
         _import_before_the_group()
         protection = choose_protection(picked.backend)
         dist.init_process_group(
-            backend=_protected_backend() if protection.on else picked.backend,
+            backend=_protected_backend(picked.backend) if protection.on else picked.backend,
             store=dist.PrefixStore(f"distcompat/generation{generation}", store),
             rank=launch.rank,
             world_size=launch.world_size,

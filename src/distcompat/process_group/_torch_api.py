@@ -95,7 +95,10 @@ def init_process_group(
     explicit = store is not None or init_method not in (None, "env://") or rank >= 0
     launch = _launch_env(explicit, rank, world_size)
     if (not explicit and world_size < 0 and launch.is_distributed) or dist.is_initialized():
+        made = not dist.is_initialized()
         _initialize(request, launch, made_by=None)
+        if made:
+            _name_as_asked(backend)
         return
     protected = choose_protection(str(backend).lower() if backend is not None else "gloo").on
     waited = choose_timeout(timeout).timeout
@@ -104,7 +107,7 @@ def init_process_group(
     with watched(early, rank, world_size, where) as watch:
         watch.phase("rendezvous (torch's init)")
         dist.init_process_group(
-            backend=_protected_backend() if protected else backend,
+            backend=_protected_backend(backend) if protected else backend,
             init_method=init_method,
             timeout=waited,
             world_size=world_size,
@@ -116,6 +119,17 @@ def init_process_group(
         )
     how = f"made by distcompat.distributed.init_process_group (init_method={init_method!r}"
     _initialize(request, launch, made_by=how + (", store given)" if store is not None else ")"))
+    _name_as_asked(backend)
+
+
+def _name_as_asked(backend: str | None) -> None:
+    """Make a protected default group made without a backend name itself ``"undefined"``.
+
+    torch's own group answers ``get_backend()`` so, and a framework may branch on the name.
+    """
+    world = dist.group.WORLD
+    if backend is None and hasattr(world, "protects"):
+        world.asked_as = "undefined"  # type: ignore[union-attr]  # a ProtectedGroup's attribute
 
 
 def destroy_process_group(group: Any | None = None) -> None:
