@@ -8,7 +8,8 @@
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
     nox -s conformance       # torch's own distributed tests through distcompat's group
     nox -s comparisons       # the programs compared with plain gloo bit for bit, once
-    nox -s frameworks        # unchanged torchrun/mp.spawn/FSDP2/Lightning programs, distcompat run
+    nox -s frameworks        # unchanged torchrun/mp.spawn/FSDP2/Lightning/Accelerate programs
+                             # under distcompat run
     nox -s soak              # the same, 20 times over (races)
     nox -s anysize           # runs at world sizes 1-4 and across resizes, bit for bit
     nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
@@ -50,6 +51,9 @@ MYPY = "mypy==2.4.1"
 RAY = "ray[train]==2.60.0"
 #: Lightning for the frameworks session, installed with the torch pin (as RAY is).
 LIGHTNING = "lightning==2.6.6"
+#: Hugging Face Accelerate for the frameworks session, with the torch pin: it pulls in
+#: huggingface_hub, safetensors and psutil, not transformers.
+ACCELERATE = "accelerate==1.15.0"
 BUILD = "build==1.6.1"
 TWINE = "twine==7.0.0"
 
@@ -162,13 +166,15 @@ def soak(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def frameworks(session: nox.Session) -> None:
     """Unchanged programs under ``distcompat run`` (issue 48): torchrun DDP, ``mp.spawn`` with
-    ``tcp://``, ``init_device_mesh`` + FSDP2, Lightning ``Trainer`` and Fabric on 2 CPU ranks;
-    Open MPI's ``mpirun`` and Slurm's ``srun`` where installed (the launchers session, before
-    it in the default run, installs them; elsewhere those cases skip);
+    ``tcp://``, ``init_device_mesh`` + FSDP2, Lightning ``Trainer`` and Fabric, Hugging Face
+    Accelerate (``accelerate launch`` through torchrun's agent) on 2 CPU ranks; Open MPI's
+    ``mpirun`` (plain, and Accelerate's multi-CPU ``--mpirun_hostfile``) and Slurm's ``srun``
+    where installed (the launchers session, before it in the default run, installs them;
+    elsewhere those cases skip);
     the same bits as without it, a stall, a killed rank and mismatched shapes named (about 10
     minutes on 2 cores; the table of what each showed ends the output)."""
     install(session, "tests")
-    session.install(TORCH, LIGHTNING)
+    session.install(TORCH, LIGHTNING, ACCELERATE)
     # addopts= : not the suite's doctest collection of src/ nor its marker filter
     session.run("pytest", "frameworks/test_frameworks.py", "-o", "addopts=", "-q", "-p",
                 "no:cacheprovider", *session.posargs)  # fmt: skip

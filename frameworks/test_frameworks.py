@@ -2,8 +2,9 @@
 
 Each program in this folder is plain PyTorch or Lightning and never imports distcompat. Each is
 run for real, on 2 CPU ranks, by its own launcher (torchrun, ``mp.spawn``, Lightning's re-launch
-of ``sys.argv``, Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once plainly and
-once as ``distcompat run <the same command>``, with every distcompat default on:
+of ``sys.argv``, ``accelerate launch`` (torchrun's agent, or Open MPI's ``mpirun`` with a
+hostfile), Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once plainly and once as
+``distcompat run <the same command>``, with every distcompat default on:
 
 * the same bits: the final parameters' digest and the last loss are equal, and only the
   ``distcompat run`` run prints the rank-0 line;
@@ -14,10 +15,20 @@ once as ``distcompat run <the same command>``, with every distcompat default on:
 * mismatched shapes (every rank all-reduces a new metric, of 6 and 7 elements) raise
   ``CollectiveMismatchError`` on the ranks.
 
-torchrun runs with ``--monitor-interval=1`` in the kill case: with its default (0.1 s) the agent
-SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
+torchrun runs with ``--monitor-interval=1`` in the kill case (``accelerate launch``, which runs
+torchrun's agent in its own process, with ``--monitor_interval 1``): with its default (0.1 s) the
+agent SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
 watch's ``rank 1 ... ended`` line comes within 15 ms). ``mp.spawn`` and ``mpirun`` end the other
 ranks as soon as one dies: rank 0 gets out the peer watch's line at most; the table says which.
+
+Accelerate (1.15) has no multi-CPU flag for one machine: ``accelerate launch --cpu
+--num_processes 2`` starts a single process, and ``--multi_gpu`` without ``Accelerator(cpu=True)``
+starts two that never form a group (each ``DistributedType.NO``), on plain torch as under
+``distcompat run``. The program asks for ``cpu=True``; the two launches here are ``--multi_gpu``
+(torchrun's agent) and Accelerate's documented multi-CPU route, ``--cpu --mpirun_hostfile``
+(Open MPI only here: Accelerate writes MPICH's options for any other ``mpirun``, and the hostfile
+is Open MPI's format). ``HF_HOME`` points at an empty folder so that no ``accelerate config``
+file of the machine changes the launch.
 """
 
 from __future__ import annotations
@@ -50,6 +61,12 @@ SLEEP_LINE = next(
 )  # fmt: skip
 
 
+#: ``accelerate launch`` for 2 processes (the port: its default, 29500, may be taken here).
+ACCELERATE = [str(BIN / "accelerate"), "launch", "--num_processes", "2", "--main_process_port"]
+ACCELERATE_TORCHRUN = "Accelerate (accelerate launch: torchrun)"
+ACCELERATE_MPIRUN = "Accelerate (accelerate launch: mpirun)"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -79,16 +96,42 @@ def slurm_env() -> Iterator[dict[str, str]]:
         yield dict(cluster.env)
 
 
+def _open_mpi_for_accelerate() -> dict[str, str]:
+    """What ``accelerate launch --mpirun_hostfile`` needs: Open MPI as ``mpirun`` (Accelerate
+    runs the first ``mpirun``/``mpiexec`` on PATH), allowed to run as root; skips otherwise."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("no `mpirun` here (tools/launchers/install.py installs Open MPI's)")
+    said = subprocess.run([mpirun, "--version"], capture_output=True, text=True, check=False)
+    if "Open MPI" not in said.stdout:
+        pytest.skip(f"`mpirun` here is not Open MPI: {said.stdout.strip()[:80]!r}")
+    root = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    return root if os.geteuid() == 0 else {}
+
+
 @pytest.fixture
-def launcher_env(program: str, request: pytest.FixtureRequest) -> dict[str, str]:
-    """What the program's launcher needs in the environment (Slurm: its cluster's config)."""
+def launcher_env(program: str, request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
+    """What the program's launcher needs in the environment (Slurm: its cluster's config;
+    Accelerate: an empty ``HF_HOME``, so no ``accelerate config`` of this machine applies)."""
     if program == "Slurm srun DDP":
         return dict(request.getfixturevalue("slurm_env"))
+    if program.startswith("Accelerate"):
+        env = {"HF_HOME": str(tmp_path / "hf_home")}
+        if program == ACCELERATE_MPIRUN:
+            env.update(_open_mpi_for_accelerate())
+        return env
     return {}
 
 
 def _command(program: str, kill: bool = False) -> list[str]:
     torchrun = [*TORCHRUN, "--monitor-interval=1"] if kill else TORCHRUN
+    accelerate, script = [*ACCELERATE, str(_free_port())], str(HERE / "accelerate_cpu.py")
+    if program == ACCELERATE_TORCHRUN:  # the two launches: the module docstring
+        monitor = ["--monitor_interval", "1"] if kill else []
+        return [*accelerate, "--multi_gpu", *monitor, script]
+    if program == ACCELERATE_MPIRUN:
+        hostfile = str(HERE / "accelerate_hostfile")
+        return [*accelerate, "--cpu", "--mpirun_hostfile", hostfile, "--num_machines", "1", script]
     if program == "Open MPI DDP":
         return [*_mpirun(), sys.executable, str(HERE / "ddp_mpirun.py"), str(_free_port())]
     if program == "Slurm srun DDP":
@@ -105,7 +148,7 @@ def _command(program: str, kill: bool = False) -> list[str]:
 
 PROGRAMS = [
     "torchrun DDP", "mp.spawn tcp://", "init_device_mesh + FSDP2", "Lightning Trainer",
-    "Lightning Fabric", "Open MPI DDP", "Slurm srun DDP",
+    "Lightning Fabric", ACCELERATE_TORCHRUN, ACCELERATE_MPIRUN, "Open MPI DDP", "Slurm srun DDP",
 ]  # fmt: skip
 
 
@@ -202,7 +245,7 @@ def test_a_killed_rank_is_named(program: str, launcher_env: dict[str, str]) -> N
     assert "rank 1: killing itself" in ran.text
     lost = re.search(r"PeerLostError: .*\(rank 1\)", ran.text)
     ended = re.search(r"distcompat: rank 1 \(pid \d+ on .*\) ended", ran.text)
-    if program in ("mp.spawn tcp://", "Open MPI DDP"):  # they end rank 0 at once (docstring)
+    if program in ("mp.spawn tcp://", "Open MPI DDP", ACCELERATE_MPIRUN):  # end rank 0 at once
         cell = (
             "PeerLostError (rank 1)" if lost
             else "rank 1 named (peer watch); the launcher ends rank 0 before an error" if ended
