@@ -73,16 +73,23 @@ def tests(session: nox.Session) -> None:
                 *ignored, "--durations=15", *session.posargs)  # fmt: skip
 
 
-#: Where real jobs hang, on real rank processes with a default init: the defaults matrix (36
-#: scenarios, about 2 minutes on 2 cores) and what a default init does about a late rank, a
-#: failed collective and two jobs that hang (about a minute). Their own session keeps ``tests``
-#: under 10 minutes.
-MATRIX = ["tests/test_diagnostics_matrix.py", "tests/test_diagnostics_defaults.py"]
+#: Where real jobs hang, on real rank processes with every default on: the defaults matrix (36
+#: scenarios, about 2 minutes on 2 cores); what a default init does about a late rank, a failed
+#: collective and two jobs that hang; a hang's incidents read by torch's Flight Recorder
+#: analyzer; a job with a stopped rank dumped on demand (about 1.5 minutes together). Their own
+#: session keeps ``tests`` under 10 minutes.
+MATRIX = [
+    "tests/test_diagnostics_matrix.py",
+    "tests/test_diagnostics_defaults.py",
+    "tests/test_diagnostics_flight_dump.py",
+    "tests/test_diagnostics_on_demand.py",
+]
 
 
 @nox.session(python=PYTHON)
 def matrix(session: nox.Session) -> None:
-    """The defaults matrix: where real jobs hang, every default on, on real rank processes."""
+    """Where real jobs hang, every default on, on real rank processes: the defaults matrix and
+    the hang diagnostics' end-to-end jobs (``MATRIX``)."""
     install(session, "tests")
     session.run("pytest", *MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
 
