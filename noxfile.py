@@ -72,20 +72,30 @@ def tests(session: nox.Session) -> None:
     # -m replaces pyproject's: the plain-gloo comparisons, the runs at several world sizes and
     # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
     # the session under its 10-minute goal
+    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
     session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
-                "--ignore", MATRIX, "--durations=15", *session.posargs)  # fmt: skip
+                *ignored, "--durations=15", *session.posargs)  # fmt: skip
 
 
-#: The defaults matrix (36 hang scenarios on real ranks, about 2 minutes on 2 cores): its own
+#: Where real jobs hang, on real rank processes with every default on: the defaults matrix (36
+#: scenarios, about 2 minutes on 2 cores); what a default init does about a late rank, a failed
+#: collective and two jobs that hang; a hang's incidents read by torch's Flight Recorder
+#: analyzer; a job with a stopped rank dumped on demand (about 1.5 minutes together). Their own
 #: session keeps ``tests`` under 10 minutes.
-MATRIX = "tests/test_diagnostics_matrix.py"
+MATRIX = [
+    "tests/test_diagnostics_matrix.py",
+    "tests/test_diagnostics_defaults.py",
+    "tests/test_diagnostics_flight_dump.py",
+    "tests/test_diagnostics_on_demand.py",
+]
 
 
 @nox.session(python=PYTHON)
 def matrix(session: nox.Session) -> None:
-    """The defaults matrix: where real jobs hang, every default on, on real rank processes."""
+    """Where real jobs hang, every default on, on real rank processes: the defaults matrix and
+    the hang diagnostics' end-to-end jobs (``MATRIX``)."""
     install(session, "tests")
-    session.run("pytest", MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
+    session.run("pytest", *MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -8,6 +8,7 @@
 
 The ranks are started by ``_rank_processes.run_ranks`` (one process per rank, torchrun's worker
 contract, this process's TCPStore), because what is tested is how processes end.
+They run in the ``matrix`` nox session, beside the defaults matrix (``nox -s matrix``).
 """
 
 from __future__ import annotations

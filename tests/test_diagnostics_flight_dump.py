@@ -6,6 +6,7 @@ call #3. For each, ``python -m torch.distributed.flight_recorder.fr_trace`` (tor
 analyzer, a subprocess) reads the incident folder, exits 0 and names the rank, or the call,
 that distcompat's report names; and the job's output holds the full report once, written by
 one rank, while every other rank prints one line that points to it and to its own dump.
+They run in the ``matrix`` nox session, beside the defaults matrix (``nox -s matrix``).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ Real processes under torchrun, every default on (the report-only watchdog init s
 ranks, rank 1 stopped (SIGSTOP) while the others wait for it in an all_reduce. ``distcompat
 dump`` signals rank 0; every answering rank writes its dump (distcompat's JSON and the Flight
 Recorder format), rank 0 logs the report naming rank 1, and after SIGCONT the job completes.
+They run in the ``matrix`` nox session, beside the defaults matrix (``nox -s matrix``).
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ import tempfile
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -117,6 +118,10 @@ class WorkerPool:
         self._reset_group = False
         self.ranks: list[_Rank] = []
         ctx = mp.get_context("spawn")
+        # spawn's first start launches multiprocessing's resource tracker, which would inherit
+        # fd 2 while it points at a rank's stderr pipe: that pipe would never end, and reading
+        # its tail (closing that pool, or that rank's death) waited its full second
+        resource_tracker.ensure_running()
         saved = {k: os.environ.pop(k) for k in list(os.environ) if is_launcher_variable(k)}
         self._stderr = os.dup(2)  # where the ranks' stderr is copied to, as it arrives
         try:
