@@ -220,6 +220,7 @@ def holds_inference(result: Any) -> bool:
     """Return whether ``result`` holds an inference tensor (one made under inference mode).
 
     ``result``: a tensor, a list of them, or all_gather's list of lists.
+
     torch refuses an in-place update to such a tensor outside inference mode, and inference mode
     is per thread: a post-processing step that writes into one (copy back, AVG's divide, a
     shared-memory fold) must enter it itself, wherever it runs. gloo writes its results from C++,
