@@ -28,6 +28,7 @@ __all__ = [
     "DeviceBindingError",
     "DeviceChoice",
     "TimeoutChoice",
+    "backend_map",
     "choose_backend",
     "choose_timeout",
     "resolve_device",
@@ -163,7 +164,15 @@ def _auto_device(*, local_rank: int, env: LaunchEnv, host: HostInfo) -> DeviceCh
     return DeviceChoice(device=torch.device("cpu"), reason="cpu: auto found no accelerator")
 
 
-def _parse_mixed(requested: str) -> dict[str, str]:
+def backend_map(requested: str) -> dict[str, str]:
+    """Return the device types and backends of a per-device map (``"cpu:gloo,cuda:nccl"``).
+
+    A part that is not ``device:backend`` raises ValueError naming it.
+
+    Example:
+        >>> backend_map("cpu:gloo, cuda:nccl")
+        {'cpu': 'gloo', 'cuda': 'nccl'}
+    """
     pairs: dict[str, str] = {}
     for part in requested.split(","):
         device_type, sep, name = part.strip().partition(":")
@@ -189,7 +198,7 @@ def choose_backend(device: torch.device, requested: str | None, *, host: HostInf
     if requested is None:
         return _default_backend(device, host=host)
     normalized = requested.strip().lower()
-    pairs = _parse_mixed(normalized) if ":" in normalized else {device.type: normalized}
+    pairs = backend_map(normalized) if ":" in normalized else {device.type: normalized}
     for device_type, name in pairs.items():
         if name not in _BACKEND_DEVICES:
             raise ValueError(

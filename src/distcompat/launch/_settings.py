@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
+from distcompat.launch._placement import backend_map
 from distcompat.launch._rules import LaunchEnvError
 
 __all__ = [
@@ -302,7 +303,8 @@ def choose_protection(backend: str, environ: Mapping[str, str] | None = None) ->
             f"{PROTECT_VARIABLE}={text!r}: expected 'on' or 'off' (or 1 / 0)",
             variable=PROTECT_VARIABLE,
         )
-    names = {part.rpartition(":")[2].strip().lower() for part in backend.split(",")}
+    asked = backend.strip().lower()
+    names = set(backend_map(asked).values()) if ":" in asked else {asked}
     if names != {"gloo"}:
         half = (
             "; one group holds every backend of a device map, so its gloo half is not checked "

@@ -23,6 +23,7 @@ from distcompat.launch._placement import (
     BackendChoice,
     DeviceChoice,
     TimeoutChoice,
+    backend_map,
     choose_backend,
     choose_timeout,
     resolve_device,
@@ -63,8 +64,7 @@ def _protected_backend(requested: str | None = None) -> str:
     name = register()
     if requested is None or ":" not in requested:
         return name
-    devices = [part.partition(":")[0].strip().lower() for part in requested.split(",")]
-    return ",".join(f"{device}:{name}" for device in devices)
+    return ",".join(f"{device}:{name}" for device in backend_map(requested.lower()))
 
 
 def _bind(choice: DeviceChoice) -> None:
