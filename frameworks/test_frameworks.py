@@ -204,14 +204,40 @@ def _run(
     return Ran(code, lines)
 
 
+#: What torch's gloo exit race prints (see :func:`_finished`).
+EXIT_ABORT = "terminate called without an active exception"
+
+
+def _finished(ran: Ran) -> str | None:
+    """How the run ended its work: ``""`` (it exited 0), ``"torch's exit abort"``, or None (failed).
+
+    torch 2.13's gloo worker thread can drop the last reference to a finished ``AsyncWork``
+    after the interpreter has begun to finalize; the tensors' ``decref`` asks for the GIL, Python
+    ends the thread, and the unwinding through a ``noexcept`` destructor calls ``std::terminate``
+    (a core dump's backtrace: ``ProcessGroupGloo::runLoop`` -> ``~AsyncWork`` -> ``TensorImpl::
+    decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``; pytorch PR 179291, abandoned). It ends
+    an ``mp.spawn`` child after it printed its results: the plain ``spawn_tcp.py`` did so in 11 of
+    40 runs on a 2-core machine like CI's, 0 of 40 under ``distcompat run``. Such a run counts as
+    finished (its digests are compared) only when every rank printed its digest before the abort,
+    and the table says so; any other failure fails the test.
+    """
+    if ran.returncode == 0:
+        return ""
+    printed = all(f"rank {rank}: digest " in ran.text for rank in (0, 1))
+    if printed and EXIT_ABORT in ran.text and "SIGABRT" in ran.text:
+        return "torch's exit abort"
+    return None
+
+
 @pytest.mark.parametrize("program", PROGRAMS)
 def test_the_same_bits_with_and_without_distcompat_run(
     program: str, launcher_env: dict[str, str]
 ) -> None:
     plain = _run(program, wrapped=False, env=launcher_env)
     wrapped = _run(program, wrapped=True, env=launcher_env)
-    assert plain.returncode == 0, plain.text[-4000:]
-    assert wrapped.returncode == 0, wrapped.text[-4000:]
+    plain_end, wrapped_end = _finished(plain), _finished(wrapped)
+    assert plain_end is not None, plain.text[-4000:]
+    assert wrapped_end is not None, wrapped.text[-4000:]
     for rank in (0, 1):
         assert wrapped.said(rank, "digest") == plain.said(rank, "digest")
         assert wrapped.said(rank, "loss") == plain.said(rank, "loss")
@@ -220,7 +246,9 @@ def test_the_same_bits_with_and_without_distcompat_run(
     assert "protected group" in line[0]
     assert "DISTCOMPAT_RUN=off" in line[0]
     assert "distcompat" not in plain.text
-    TABLE.setdefault(program, {})["bits plain vs run"] = "equal"
+    ends = [f"{which}: {end}" for which, end in (("plain", plain_end), ("run", wrapped_end)) if end]
+    cell = f"equal ({'; '.join(ends)})" if ends else "equal"
+    TABLE.setdefault(program, {})["bits plain vs run"] = cell
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
@@ -228,7 +256,7 @@ def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[st
     env = {"FAULT": "stall", "STALL_S": str(STALL_S), "DISTCOMPAT_WATCHDOG": str(THRESHOLD_S)}
     env.update(launcher_env)
     ran = _run(program, wrapped=True, env=env)
-    assert ran.returncode == 0, ran.text[-4000:]  # report-only: the job completes
+    assert _finished(ran) is not None, ran.text[-4000:]  # report-only: the job completes
     started = float(ran.said(1, "stall starts at"))
     named = re.compile(rf"rank 1\b.*_common\.py:{SLEEP_LINE}\b")
     when = [stamp for stamp, text in ran.lines if named.search(text)]
