@@ -216,8 +216,9 @@ def _finished(ran: Ran) -> str | None:
     ends the thread, and the unwinding through a ``noexcept`` destructor calls ``std::terminate``
     (a core dump's backtrace: ``ProcessGroupGloo::runLoop`` -> ``~AsyncWork`` -> ``TensorImpl::
     decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``; pytorch PR 179291, abandoned). It ends
-    an ``mp.spawn`` child after it printed its results: the plain ``spawn_tcp.py`` did so in 11 of
-    40 runs on a 2-core machine like CI's, 0 of 40 under ``distcompat run``. Such a run counts as
+    a rank after it printed its results: the plain ``spawn_tcp.py`` did so in 11 of 40 runs on a
+    2-core machine like CI's, 0 of 40 under ``distcompat run``; a fresh-clone CI run saw it once
+    more in the plain ``accelerate launch`` (torchrun) program. Such a run counts as
     finished (its digests are compared) only when every rank printed its digest before the abort,
     and the table says so; any other failure fails the test.
     """
