@@ -257,14 +257,16 @@ def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[st
     env = {"FAULT": "stall", "STALL_S": str(STALL_S), "DISTCOMPAT_WATCHDOG": str(THRESHOLD_S)}
     env.update(launcher_env)
     ran = _run(program, wrapped=True, env=env)
-    assert _finished(ran) is not None, ran.text[-4000:]  # report-only: the job completes
+    end = _finished(ran)
+    assert end is not None, ran.text[-4000:]  # report-only: the job completes
     started = float(ran.said(1, "stall starts at"))
     named = re.compile(rf"rank 1\b.*_common\.py:{SLEEP_LINE}\b")
     when = [stamp for stamp, text in ran.lines if named.search(text)]
     assert when, ran.text[-4000:]
     after = when[0] - started
     assert after <= THRESHOLD_S + 8, after
-    TABLE.setdefault(program, {})["stall named after"] = f"{after:.1f} s"
+    cell = f"{after:.1f} s ({end})" if end else f"{after:.1f} s"
+    TABLE.setdefault(program, {})["stall named after"] = cell
 
 
 @pytest.mark.parametrize("program", PROGRAMS)
