@@ -6,6 +6,9 @@
 is on ``sys.meta_path``. ``torch``: imports torch.distributed, then makes and destroys groups of
 one rank on torch's API (gloo, then the ``fake`` backend and ``mpi``) and says what each was.
 ``late``: torch first, then :func:`distcompat.run.install` (no bootstrap on the path).
+``newer``: torch's init with the newest torch's parameter (``enable_reconfigure=True``, where
+this torch has it) and with every parameter at torch's default, each under a launcher
+environment of one rank; says what each made.
 """
 
 from __future__ import annotations
@@ -132,6 +135,39 @@ def _own_init() -> str:
     return info.backend_reason
 
 
+def newer() -> dict[str, Any]:
+    import inspect
+
+    import torch.distributed as dist
+
+    from distcompat._ranks import recorded
+
+    said: dict[str, Any] = {
+        "patched": getattr(dist.init_process_group, "__distcompat_run__", False),
+        "signature": list(inspect.signature(dist.init_process_group).parameters),
+    }
+    _launch_env_of_one_rank()
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(dist.init_process_group).parameters.items()
+        if parameter.default is not inspect.Parameter.empty
+    }
+    dist.init_process_group(**defaults)  # every parameter spelled out, at torch's default
+    said["all_defaults"] = [hasattr(dist.group.WORLD, "protects"), dist.get_backend()]
+    dist.destroy_process_group()
+    if "enable_reconfigure" in said["signature"]:
+        dist.init_process_group("gloo", enable_reconfigure=True)
+        world = dist.group.WORLD
+        info = recorded()
+        said["reconfigure"] = {
+            "protected": hasattr(world, "protects"),
+            "supports": bool(getattr(world, "supports_reconfigure", False)),
+            "backend_reason": info.backend_reason if info is not None else None,
+        }
+        dist.destroy_process_group()
+    return said
+
+
 def late() -> dict[str, Any]:
     import torch.distributed  # noqa: F401  (torch first: the late path)
 
@@ -142,5 +178,5 @@ def late() -> dict[str, Any]:
 
 if __name__ == "__main__":
     scenario = sys.argv[1]
-    run = {"no-torch": no_torch, "torch": with_torch, "late": late}[scenario]
+    run = {"no-torch": no_torch, "torch": with_torch, "late": late, "newer": newer}[scenario]
     print(json.dumps(run()), flush=True)

@@ -8,7 +8,9 @@ functions, and checks three rules:
 * each import goes to the same unit (a subpackage or top-level module) or to a lower layer of
   :data:`LAYERS`, which docs/architecture.md shows as a table;
 * an import inside a function carries a comment saying why it is late (an optional or heavy
-  dependency): a late import must never be a way round a cycle.
+  dependency): a late import must never be a way round a cycle;
+* torch's private names (``torch._C``, ``dist.distributed_c10d._get_default_store``, a private
+  method of torch's ``ProcessGroup``) are reached only from the seam, ``distcompat._torch``.
 
 Every failure names the import as ``file:line``.
 """
@@ -30,7 +32,7 @@ ARCHITECTURE_DOC = ROOT / "docs" / "architecture.md"
 #: Bottom to top. A unit is a subpackage or a top-level module of distcompat ("distcompat" is the
 #: package's own ``__init__``, the public face). A unit may import itself and lower layers only.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("base", ("_files", "_command", "_version", "_extras", "_scarcity", "_store")),
+    ("base", ("_torch", "_files", "_command", "_version", "_extras", "_scarcity", "_store")),
     ("launch", ("launch",)),
     ("ranks", ("_ranks", "env")),
     ("peers", ("peers",)),
@@ -278,3 +280,125 @@ def test_a_cycle_is_found_and_named() -> None:
     assert cycle is not None
     assert [(item.source, item.target) for item in cycle] == [("a", "b"), ("b", "c"), ("c", "a")]
     assert _cycle(graph[:3]) is None
+
+
+#: The seam: the one package that may reach torch's private names (docs/torch_versions.md).
+SEAM = "distcompat._torch"
+#: torch's modules that are torch's internals, though not named with an underscore.
+INTERNAL_MODULES = ("distributed_c10d", "c10d_logger")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _torch_class_privates() -> set[str]:
+    """Private attribute names of the torch classes distcompat's code holds objects of."""
+    import torch
+    import torch.distributed as dist
+
+    classes = [dist.ProcessGroup, dist.Backend, dist.ProcessGroupGloo, dist.Work, dist.Store]
+    classes += [torch.futures.Future, dist.ReduceOp]
+    return {name for klass in classes for name in dir(klass) if _private(name)}
+
+
+def _own_privates() -> set[str]:
+    """Private names distcompat defines itself: functions, methods, attributes it assigns."""
+    own: set[str] = set()
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+    return {name for name in own if _private(name)}
+
+
+def _torch_aliases(tree: ast.AST) -> set[str]:
+    """Names a module binds to torch or one of its modules (``torch``, ``dist``, ``F``...)."""
+    aliases = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "torch":
+                    aliases.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "torch":
+            aliases.update(alias.asname or alias.name for alias in node.names)
+    return aliases
+
+
+def _chain(node: ast.Attribute) -> list[str]:
+    parts = [node.attr]
+    value = node.value
+    while isinstance(value, ast.Attribute):
+        parts.append(value.attr)
+        value = value.value
+    if isinstance(value, ast.Name):
+        parts.append(value.id)
+        return parts[::-1]
+    return []
+
+
+def torch_internals(text: str, class_privates: set[str], own: set[str]) -> list[tuple[int, str]]:
+    """Each place ``text`` reaches a torch internal: ``(line, what)``."""
+    tree = ast.parse(text)
+    aliases = _torch_aliases(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+            )
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] != "torch":
+                    continue
+                if any(_private(part) or part in INTERNAL_MODULES for part in parts):
+                    found.append((node.lineno, f"import of {module}"))
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch"):
+                for alias in node.names:
+                    if _private(alias.name) or alias.name in INTERNAL_MODULES:
+                        found.append((node.lineno, f"from {node.module} import {alias.name}"))
+        elif isinstance(node, ast.Attribute) and _private(node.attr):
+            chain = _chain(node)
+            if chain and chain[0] in aliases:
+                found.append((node.lineno, ".".join(chain)))
+            elif node.attr in class_privates and node.attr not in own:
+                found.append((node.lineno, f"torch's private .{node.attr}"))
+    return found
+
+
+def test_only_the_seam_reaches_torchs_private_names() -> None:
+    """Every private or version-dependent torch name goes through distcompat._torch: a new torch
+    release is a change there. A private name distcompat defines itself (``self._world``) is not
+    torch's; the forwards of the trampoline's names (``self.backend._allgather_base``) are the
+    protected group's own methods of the same name (distcompat._torch lists them per release)."""
+    class_privates, own = _torch_class_privates(), _own_privates()
+    bad = []
+    for module, path in sorted(MODULES.items()):
+        if module == SEAM or module.startswith(SEAM + "."):
+            continue
+        for line, what in torch_internals(path.read_text(), class_privates, own):
+            bad.append(f"  {path.relative_to(ROOT)}:{line}: {what}")
+    assert not bad, "torch internals outside distcompat._torch:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "caught"),
+    [
+        ("import torch\ntorch._C._set_grad_enabled(False)\n", True),
+        ("import torch.distributed as dist\ndist.distributed_c10d._get_default_store()\n", True),
+        ("from torch._C import _distributed_c10d\n", True),
+        ("from torch.distributed import distributed_c10d\n", True),
+        ("from torch.distributed import _functional_collectives\n", True),
+        ("def f(group):\n    return group._get_backend(None)\n", True),
+        ("import torch.distributed as dist\ndist.all_reduce(x)\n", False),
+        ("class A:\n    def f(self):\n        return self._world\n", False),
+    ],
+)  # fmt: skip
+def test_the_seam_rule_itself(text: str, caught: bool) -> None:
+    assert bool(torch_internals(text, _torch_class_privates(), {"_world"})) is caught

@@ -55,7 +55,7 @@ def test_fast_all_reduce_numbers_calls_as_count_does() -> None:
 
 
 def _default_groups() -> bool:
-    return _common._WORLD._default_pg is dist.GroupMember.WORLD is not None
+    return _common._default_group() is dist.GroupMember.WORLD is not None
 
 
 def test_the_default_group_is_read_where_torch_keeps_it() -> None:

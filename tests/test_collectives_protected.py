@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from _rank_processes import Ended, run_ranks
+from distcompat import _torch
 from distcompat.collectives import _entry
 from distcompat.collectives._protected import GroupWork, ProtectedGroup, make_group
 from distcompat.collectives._work import CompatWork
@@ -184,29 +185,16 @@ def test_functional_collectives_between_distcompat_calls_match_plain_gloo(shm: s
         assert re.search(rf"rank 1.*_protected_script\.py:{_line_of('time.sleep(7)', 4)}", report)
 
 
-def _offered_to_python() -> set[str]:
-    """The Work-returning methods torch's C++ trampoline for Python process groups looks up."""
-    header = Path(torch.__file__).parent / "include/torch/csrc/distributed/c10d/PyProcessGroup.hpp"
-    if not header.exists():
-        pytest.skip(f"this torch ships no {header.name}")
-    text = re.sub(r"//[^\n]*", "", header.read_text())  # line comments
-    names = set(re.findall(r"(?<!#define )WORK_OVERRIDE\(\s*\w+,\s*(?:/\*.*?\*/\s*)?(\w+)", text))
-    names |= set(re.findall(r'get_override\([^;]*?"(\w+)"\)', text, re.S))
-    return names - {"get_future"}  # the Work's, not the group's
-
-
 def test_every_method_torch_offers_python_is_the_groups_own() -> None:
     """torch's C++ (functional collectives, DDP's reducer) calls a Python process group through a
-    trampoline (PyProcessGroup.hpp, in the wheel); a method the group leaves undefined falls back
-    to torch's own, which issues the op to gloo with the GIL held. gloo's worker may need the GIL
-    to free a finished op while it holds its queue's lock: the two deadlock (the functional
-    all-gather hangs of issue 40). Every such method must be ProtectedGroup's own."""
-    offered = _offered_to_python()
-    assert {
-        "allreduce",
-        "all_gather_single_coalesced",
-        "reduce_scatter_single_coalesced",
-    } <= offered
+    trampoline (PyProcessGroup.hpp, in the wheel; read by distcompat._torch for each release); a
+    method the group leaves undefined falls back to torch's own, which issues the op to gloo with
+    the GIL held. gloo's worker may need the GIL to free a finished op while it holds its queue's
+    lock: the two deadlock (the functional all-gather hangs of issue 40). Every such method must
+    be ProtectedGroup's own, on the installed release (2.14 added recvAnysource, the coalescing
+    pair, reconfigure and six collectives)."""
+    offered = _torch.trampoline_methods()
+    assert "allreduce" in offered
     own = {name for klass in ProtectedGroup.__mro__[:-3] for name in vars(klass)}
     assert ProtectedGroup.__mro__[-3] is dist.ProcessGroup
     assert offered - own == set()

@@ -96,7 +96,7 @@ def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> 
     said, stderr = _python("torch")
     assert all(said["marks"].values())
     assert said["marks"]["device_mesh.init_process_group"]
-    assert "_ranks" in said["signature"]  # torch's signature, for frameworks that inspect it
+    assert "backend" in said["signature"]  # torch's signature, for frameworks that inspect it
     assert said["protected"] is True
     assert said["backend"] == "gloo"
     assert said["recorded"] is True
@@ -142,6 +142,54 @@ def test_route_init(backend: str | None, takes: bool) -> None:
 
 def test_a_group_of_some_ranks_is_torchs() -> None:
     assert route_init({"backend": "gloo", "_ranks": [0, 1]}).takes is False
+
+
+def test_a_parameter_the_drop_in_does_not_know_goes_to_torch_unless_at_its_default() -> None:
+    """torch's next release's new parameter: given, torch's init takes the call (and says so);
+    left at torch's default, it is dropped and the drop-in takes the call."""
+    route = route_init({"backend": "gloo", "new_knob": 3}, {"new_knob": 0})
+    assert route.takes is False
+    assert "new_knob=3" in route.reason
+    assert route_init({"backend": "gloo", "new_knob": 0}, {"new_knob": 0}).takes is True
+    assert route_init({"backend": "gloo", "new_knob": None}).takes is False  # no default known
+
+
+def test_the_drop_in_takes_every_parameter_torchs_init_has_here() -> None:
+    """The routing table names the drop-in's own parameters, and they hold every parameter of
+    the installed torch's ``init_process_group`` (a new one fails here, not in a user's job)."""
+    import inspect
+
+    import torch.distributed as dist
+
+    from distcompat.process_group import init_process_group
+    from distcompat.run._patch import DROP_IN_TAKES
+
+    drop_in = inspect.signature(init_process_group).parameters
+    assert set(drop_in) == DROP_IN_TAKES
+    torchs = inspect.signature(dist.init_process_group).parameters
+    assert set(torchs) <= set(drop_in), set(torchs) - set(drop_in)
+    for name, parameter in torchs.items():
+        assert drop_in[name].default == parameter.default, name
+
+
+def test_torchs_init_with_the_newest_parameters_runs_under_distcompat_run() -> None:
+    """torch's init spelled out with every parameter at its default is the drop-in's (the
+    protected group); ``enable_reconfigure=True`` (torch 2.14+) is torch's reconfigurable gloo
+    group, watched by distcompat (plain torch's then needs ``reconfigure()`` before a
+    collective). On an older torch the parameter is absent from torch's signature (the patched
+    one shows torch's). Each group's backend name is plain torch's."""
+    said, stderr = _python("newer")
+    plain, _ = _python("newer", env={RUN_VARIABLE: "off"})
+    assert said["patched"] is True
+    assert plain["patched"] is False
+    assert said["all_defaults"] == [True, plain["all_defaults"][1]]
+    if "enable_reconfigure" in said["signature"]:
+        reconfigure = said["reconfigure"]
+        assert reconfigure["protected"] is False
+        assert reconfigure["supports"] is True
+        assert "enable_reconfigure=True" in reconfigure["backend_reason"]
+        assert plain["reconfigure"]["supports"] is True
+    assert "setSequenceNumberForGroup" not in stderr
 
 
 def test_patching_is_idempotent_keeps_the_signature_and_passes_bad_calls_to_torch() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat.collectives._entry import entry
 from distcompat.collectives._group import backend_for, global_rank
 from distcompat.collectives._native import all_gather_flat, reduce_scatter_flat
@@ -262,11 +263,8 @@ def _reduction(
 
 
 def _premul(factor: float) -> Any:
-    """ReduceOp.PREMUL_SUM with a factor (callable in torch 2.13; the private maker before)."""
-    try:
-        return dist.ReduceOp.PREMUL_SUM(factor)
-    except TypeError:
-        return dist._make_nccl_premul_sum(factor)
+    """ReduceOp.PREMUL_SUM with a factor (the seam knows each release's way)."""
+    return _torch.premul_sum(factor)
 
 
 def _move(op: str, dtype: torch.dtype, group: Any, device: torch.device) -> bool:

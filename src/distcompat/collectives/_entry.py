@@ -26,8 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from torch._C import _set_grad_enabled
-from torch._C import is_grad_enabled as _grad_enabled
+from distcompat import _torch
 
 __all__ = ["entry", "inside"]
 
@@ -65,14 +64,14 @@ def entry(function: Callable[P, R]) -> Callable[P, R]:
         local = _local
         depth = local.depth
         local.depth = depth + 1
-        grad = _grad_enabled()
+        grad = _torch.is_grad_enabled()
         if grad:  # a collective moves bytes: autograd records none of it, as in torch's
-            _set_grad_enabled(False)
+            _torch.set_grad_enabled(False)
         try:
             return function(*args, **kwargs)
         finally:
             local.depth = depth
             if grad:
-                _set_grad_enabled(True)
+                _torch.set_grad_enabled(True)
 
     return entered

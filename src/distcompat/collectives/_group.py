@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat._ranks import recorded
 
 __all__ = [
@@ -131,11 +132,10 @@ def group_timeout_s(group: Any) -> float:
         >>> group_timeout_s(None)   # no group here
         1800.0
     """
-    try:
-        options = group._get_backend(torch.device("cpu")).options
-        return float(options._timeout.total_seconds())
-    except (AttributeError, RuntimeError, ValueError):
-        info = recorded()
-        if info is not None and info.timeout is not None:
-            return info.timeout.total_seconds()
-        return FALLBACK_TIMEOUT_S
+    own = _torch.backend_timeout_s(group)
+    if own is not None:
+        return own
+    info = recorded()
+    if info is not None and info.timeout is not None:
+        return info.timeout.total_seconds()
+    return FALLBACK_TIMEOUT_S

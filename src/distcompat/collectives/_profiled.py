@@ -29,7 +29,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from torch._C._autograd import _profiler_enabled
+
+from distcompat import _torch
 
 __all__ = ["TITLES", "begin", "end", "internal", "recording", "showing"]
 
@@ -46,7 +47,7 @@ TITLES = {
 _PATH = {"path": "shared memory"}
 
 #: Whether torch's profiler records on this thread (about 30 ns).
-recording = _profiler_enabled
+recording = _torch.profiler_enabled
 
 _shown = threading.local()  # .tensors: what a caller that splits its call into ops was given
 
@@ -82,7 +83,7 @@ def begin(op: str, shown: Sequence[torch.Tensor]) -> Any:
         >>> end(begin("all_reduce", (torch.ones(2),)))
     """
     inputs = getattr(_shown, "tensors", None) or tuple(shown)
-    record = torch._C._profiler._RecordFunctionFast(TITLES.get(op, f"gloo:{op}"), inputs, _PATH)
+    record = _torch.RecordFunctionFast(TITLES.get(op, f"gloo:{op}"), inputs, _PATH)
     record.__enter__()
     return record
 
@@ -111,9 +112,9 @@ def internal(what: str) -> Iterator[None]:
     if not recording():
         yield
         return
-    with torch._C._profiler._RecordFunctionFast(f"distcompat:{what}"):
-        torch._C._autograd._enable_record_function(False)
+    with _torch.RecordFunctionFast(f"distcompat:{what}"):
+        _torch.enable_record_function(False)
         try:
             yield
         finally:
-            torch._C._autograd._enable_record_function(True)
+            _torch.enable_record_function(True)

@@ -33,10 +33,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C import _distributed_c10d as _c10d
-from torch.distributed import c10d_logger as _c10d_logger
-from torch.distributed.algorithms import join as _join
 
+from distcompat import _torch
 from distcompat.collectives import _entry
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._coalesced import all_reduce_coalesced
@@ -122,12 +120,12 @@ class GroupWork(dist.Work):
         return self.outputs
 
 
-#: The module whose functions call the group from Python (``torch.distributed.all_reduce``...).
-_PYTHON_CALLER = dist.distributed_c10d.__file__
-#: torch's Join, which hands an all_reduce's Work on to DDP's reducer (C++): the reducer reads
-#: its ``result()``, which a Python Work cannot give, after the Python object may be gone.
-_HANDS_TO_CPP = (_join.__file__,)
-_LOGGER = _c10d_logger.__file__
+#: The files of the functions that call the group from Python (``torch.distributed.all_reduce``...),
+#: of their logging wrapper, and of torch's Join, which hands an all_reduce's Work on to DDP's
+#: reducer (C++): the reducer reads its ``result()``, which a Python Work cannot give, after the
+#: Python object may be gone.
+_PYTHON_CALLER, _LOGGER, _JOIN = _torch.caller_files()
+_HANDS_TO_CPP = (_JOIN,)
 
 
 def _handed(handle: CompatWork | None, outputs: Any) -> Any:
@@ -149,7 +147,7 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
         outer = outer.f_back
     if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
         future = shielded(handle.get_future(), outputs, Caller(threading.get_ident(), caller))
-        return _c10d._create_work_from_future(future)  # type: ignore[attr-defined]
+        return _torch.create_work_from_future(future)
     return GroupWork(handle, outputs)
 
 
@@ -183,9 +181,7 @@ class ProtectedGroup(dist.ProcessGroup):
         self.backend = backend
         self.protects = name
         self._group_name = ""
-        kind = dist.ProcessGroup.BackendType.GLOO
-        self._register_backend(torch.device("cpu"), kind, backend)
-        self._set_default_backend(kind)
+        _torch.register_cpu_backend(self, backend)
 
     # FSDP2's DeviceMesh names the group and reads the name back.
     def _set_group_name(self, name: str) -> None:
@@ -226,12 +222,12 @@ class ProtectedGroup(dist.ProcessGroup):
         self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
     ) -> Any:
         if _entry.inside() or len(inputs) != 1:
-            return self.backend.allgather(outputs, inputs, opts or _c10d.AllgatherOptions())
+            return self.backend.allgather(outputs, inputs, opts or _torch.AllgatherOptions())
         return _handed(all_gather(outputs[0], inputs[0], self, True), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         if _entry.inside():
-            return self.backend._allgather_base(output, input, opts or _c10d.AllgatherOptions())
+            return self.backend._allgather_base(output, input, opts or _torch.AllgatherOptions())
         return _handed(all_gather_into_tensor(output, input, self, True), [output])
 
     _allgather_base = all_gather_single
@@ -247,7 +243,7 @@ class ProtectedGroup(dist.ProcessGroup):
         """
         pairs = list(zip(outputs, inputs, strict=True))
         if _entry.inside():
-            options = opts or _c10d.AllgatherOptions()
+            options = opts or _torch.AllgatherOptions()
             issued = [(self.backend._allgather_base(o, i, options), o) for o, i in pairs]
             return _backend_work(issued, self, outputs)
         handles = [all_gather_into_tensor(o, i, self, True) for o, i in pairs]
@@ -349,6 +345,23 @@ class ProtectedGroup(dist.ProcessGroup):
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
         return self.backend.recv_anysource(tensors, tag)
 
+    # The names torch 2.14+'s trampoline looks up besides the collectives (its C++ spelling for
+    # recvAnysource). Each is what torch's own ProcessGroup does with a gloo backend: the
+    # backend's call, made here rather than by C++ with the GIL held.
+    def recvAnysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
+        return self.backend.recv_anysource(tensors, tag)
+
+    def start_coalescing(self, device: torch.device) -> None:
+        del device  # one backend, the CPU one
+        _torch.start_coalescing(self.backend)  # gloo: torch's "does not implement" error
+
+    def end_coalescing(self, device: torch.device) -> Any:
+        del device
+        return _torch.end_coalescing(self.backend)
+
+    def reconfigure(self, opts: Any) -> Any:
+        return self.backend.reconfigure(opts)  # gloo made without enable_reconfigure: torch's error
+
 
 def make_group(store: Any, rank: int, size: int, timeout: timedelta) -> ProtectedGroup:
     """Make a gloo backend from the rendezvous ``store`` and wrap it (torch's factory signature).
@@ -358,8 +371,9 @@ def make_group(store: Any, rank: int, size: int, timeout: timedelta) -> Protecte
         >>> make_group(store, 0, 1, timedelta(seconds=30)).protects
         'gloo'
     """
+    # No _set_sequence_number_for_group(): a no-op for gloo since torch 2.1, and from 2.14 on
+    # a C++ warning on every process (torch itself stopped calling it)
     backend = dist.ProcessGroupGloo(store, rank, size, timeout)
-    backend._set_sequence_number_for_group()  # as torch does for the gloo groups it makes
     return ProtectedGroup(backend, rank, size)
 
 
@@ -399,7 +413,7 @@ def _name_it_gloo() -> None:
     def get_backend(group: Any = None) -> Any:
         name = asked(group)
         if name == BACKEND:  # the default group or one of its subgroups made without a backend
-            return getattr(c10d._world.default_pg, "asked_as", dist.Backend.GLOO)
+            return getattr(_torch.default_group(), "asked_as", dist.Backend.GLOO)
         if isinstance(name, str) and name.endswith(f":{BACKEND}"):  # a map: each part ends so
             return name.replace(f":{BACKEND}", f":{dist.Backend.GLOO}")
         return name

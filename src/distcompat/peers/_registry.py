@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat._store import QuickStore, StoreUnreachable
 from distcompat.peers._identity import Identity, _machine
 
@@ -47,11 +48,8 @@ def _store() -> Any:
     """Return the default group's store (torch keeps it privately), or None."""
     if not (dist.is_available() and dist.is_initialized()):
         return None
-    getter = getattr(dist.distributed_c10d, "_get_default_store", None)
-    if getter is None:
-        return None
     try:
-        return getter()
+        return _torch.default_store()
     except (RuntimeError, ValueError):
         return None
 

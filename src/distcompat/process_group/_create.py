@@ -13,9 +13,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as _c10d
 
-from distcompat import peers
+from distcompat import _torch, peers
 from distcompat._ranks import DistInfo, keep_rendezvous
 from distcompat.launch import LaunchEnv
 from distcompat.launch._host import probe_host
@@ -105,7 +104,7 @@ def _keep_default_store(rank: int) -> None:
     Their keys go under a fresh ``distcompat/`` prefix (counted per rank, as in
     :func:`create_group`), so they meet no key of the group's owner.
     """
-    store = _c10d._get_default_store()
+    store = _torch.default_store()
     keep_rendezvous(store, store.add(f"distcompat/init_count/rank{rank}", 1))
 
 

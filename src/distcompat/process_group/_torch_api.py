@@ -24,6 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat._ranks import recorded
 from distcompat.launch import LaunchEnv, LaunchEnvError
 from distcompat.launch._placement import choose_timeout
@@ -76,13 +77,21 @@ def init_process_group(
     group_name: str = "",
     pg_options: Any | None = None,
     device_id: torch.device | int | None = None,
+    _ranks: list[int] | None = None,
+    enable_reconfigure: bool = False,
 ) -> None:
     """Make the default group as ``torch.distributed.init_process_group`` does, protected.
 
-    The arguments are torch's. The group is distcompat's: every collective on it, DDP's and
-    FSDP2's included, is checked, watched and typed (``distcompat.DistInfo.reason`` through
-    :func:`distcompat.init_distributed`, which returns the same record, says what was chosen).
-    A second call returns quietly, as :func:`distcompat.init_distributed` does.
+    The arguments are the newest torch's. The group is distcompat's: every collective on it,
+    DDP's and FSDP2's included, is checked, watched and typed (``distcompat.DistInfo.reason``
+    through :func:`distcompat.init_distributed`, which returns the same record, says what was
+    chosen). A second call returns quietly, as :func:`distcompat.init_distributed` does.
+
+    Two requests get torch's own group: ``_ranks=`` (a default group of some ranks only) is
+    torch's init, untouched; ``enable_reconfigure=True`` (torch 2.14+) is torch's reconfigurable
+    gloo group, which distcompat then watches as one it adopted (its ``backend_reason`` says
+    so). A parameter the installed torch lacks raises
+    :class:`~distcompat._torch.TorchReleaseError` (a ``TypeError``) naming the release.
 
     Example:
         >>> init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -90,17 +99,29 @@ def init_process_group(
         1
         >>> destroy_process_group()
     """
+    if _ranks:
+        _torch.require_takes("init_process_group", "_ranks", _ranks)
+        dist.init_process_group(
+            backend=backend, init_method=init_method, timeout=timeout, world_size=world_size,
+            rank=rank, store=store, group_name=group_name, pg_options=pg_options,
+            device_id=device_id, _ranks=_ranks,
+        )  # fmt: skip
+        return
+    newer = {"enable_reconfigure": True} if enable_reconfigure else {}
+    for name, value in newer.items():
+        _torch.require_takes("init_process_group", name, value)
     device = _device_for(backend, device_id)
     request = _normalize(device, backend, timeout)
     explicit = store is not None or init_method not in (None, "env://") or rank >= 0
     launch = _launch_env(explicit, rank, world_size)
-    if (not explicit and world_size < 0 and launch.is_distributed) or dist.is_initialized():
+    own_init = not explicit and world_size < 0 and launch.is_distributed and not newer
+    if own_init or dist.is_initialized():
         made = not dist.is_initialized()
         _initialize(request, launch, made_by=None)
         if made:
             _name_as_asked(backend)
         return
-    protected = choose_protection(str(backend).lower() if backend is not None else "gloo").on
+    protected = not newer and choose_protection(str(backend).lower() if backend else "gloo").on
     waited = choose_timeout(timeout).timeout
     early = choose_watchdog(None, group_timeout=waited).seconds
     where = "the given store" if store is not None else str(init_method or "env://")
@@ -116,9 +137,17 @@ def init_process_group(
             group_name=group_name,
             pg_options=pg_options,
             device_id=device_id,
+            **newer,
         )
     how = f"made by distcompat.distributed.init_process_group (init_method={init_method!r}"
-    _initialize(request, launch, made_by=how + (", store given)" if store is not None else ")"))
+    how += ", store given" if store is not None else ""
+    how += (
+        "; enable_reconfigure=True: torch's own reconfigurable gloo group, which distcompat's "
+        "protected group is not)"
+        if newer
+        else ")"
+    )
+    _initialize(request, launch, made_by=how)
     _name_as_asked(backend)
 
 

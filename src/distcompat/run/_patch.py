@@ -12,8 +12,10 @@ FSDP's ``dist.distributed_c10d.init_process_group()``, a framework's ``dist.*`` 
 * ``init_process_group``: gloo and nccl requests (``None``, ``"gloo"``, ``"nccl"``, a device map
   of those) go to :func:`distcompat.distributed.init_process_group`, the drop-in: gloo gets
   distcompat's protected group, nccl what the drop-in gives CUDA (torch's group, watched).
-  Every other backend (``"mpi"``, ``"ccl"``, ``"fake"``, a registered one) and a call with
-  ``_ranks=`` go to torch untouched (:func:`route_init` says why).
+  Every other backend (``"mpi"``, ``"ccl"``, ``"fake"``, a registered one), a call with
+  ``_ranks=``, and one that gives a parameter the drop-in does not know (a newer torch's) go to
+  torch untouched (:func:`route_init` says why); a parameter left at torch's default is
+  dropped, so torch's next new parameter never breaks a program.
 * ``destroy_process_group``: of the default group, through the drop-in (it stops the watchdog
   and tells the peers this rank leaves on purpose); of any other group, torch's.
 * ``monitored_barrier``: the drop-in's, which also runs on the protected group (torch's refuses
@@ -39,12 +41,18 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["MARK", "Route", "patch_module", "route_init"]
+__all__ = ["DROP_IN_TAKES", "MARK", "Route", "patch_module", "route_init"]
 
 #: The attribute a replacement carries (patching twice changes nothing).
 MARK = "__distcompat_run__"
 #: Backends whose requests the drop-in takes (the parts of a ``"cpu:gloo,cuda:nccl"`` map too).
 _TAKEN = ("gloo", "nccl")
+#: The parameters of distcompat's drop-in ``init_process_group`` (tests/test_run.py checks them
+#: against it): named here so routing a call does not import distcompat's process group.
+DROP_IN_TAKES = frozenset({
+    "backend", "init_method", "timeout", "world_size", "rank", "store", "group_name",
+    "pg_options", "device_id", "_ranks", "enable_reconfigure",
+})  # fmt: skip
 
 _state = threading.local()
 
@@ -59,15 +67,31 @@ class Route:
     reason: str
 
 
-def route_init(arguments: Mapping[str, Any]) -> Route:
+def route_init(arguments: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> Route:
     """Decide where an ``init_process_group`` call with these (bound) arguments goes.
+
+    ``defaults``: torch's defaults; an argument the drop-in does not take goes to torch's init
+    unless it equals its default (then it is dropped).
 
     Example:
         >>> route_init({"backend": "gloo"}).takes, route_init({"backend": "mpi"}).takes
         (True, False)
         >>> route_init({"backend": "cpu:gloo,cuda:nccl"}).takes
         True
+        >>> route_init({"backend": "gloo", "new_knob": 3}, {"new_knob": 0}).reason
+        "new_knob=3, which distcompat's drop-in does not take: torch's init"
     """
+    known = defaults or {}
+    unknown = sorted(
+        name
+        for name, value in arguments.items()
+        if name not in DROP_IN_TAKES and not (name in known and _same(value, known[name]))
+    )
+    if unknown:
+        given = ", ".join(f"{name}={arguments[name]!r}" for name in unknown)
+        return Route(
+            takes=False, reason=f"{given}, which distcompat's drop-in does not take: torch's init"
+        )
     backend = arguments.get("backend")
     if arguments.get("_ranks"):
         return Route(takes=False, reason="_ranks= given (a group of some ranks only): torch's init")
@@ -83,6 +107,11 @@ def route_init(arguments: Mapping[str, Any]) -> Route:
     return Route(takes=True, reason=f"backend {str(backend)!r}: distcompat's drop-in init")
 
 
+def _same(value: Any, default: Any) -> bool:
+    """Whether ``value`` is the parameter's default (by identity, or equal of the same type)."""
+    return value is default or (type(value) is type(default) and bool(value == default))
+
+
 @contextmanager
 def _own_calls() -> Iterator[None]:
     """While distcompat's drop-in runs, the patched names mean torch's own functions."""
@@ -94,14 +123,15 @@ def _own_calls() -> Iterator[None]:
 
 
 def _init(original: Callable[..., Any], bound: inspect.BoundArguments) -> None:
-    if not route_init(bound.arguments).takes:
+    defaults = {name: parameter.default for name, parameter in bound.signature.parameters.items()}
+    if not route_init(bound.arguments, defaults).takes:
         original(*bound.args, **bound.kwargs)
         return
     # Imported at the first init, not when torch.distributed is: the drop-in brings distcompat's
     # process group, which a process that never makes a group should not pay for
     from distcompat.process_group import init_process_group
 
-    arguments = {k: v for k, v in bound.arguments.items() if k != "_ranks"}
+    arguments = {k: v for k, v in bound.arguments.items() if k in DROP_IN_TAKES}
     existed = sys.modules["torch.distributed"].is_initialized()
     with _own_calls():
         init_process_group(**arguments)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat._ranks import side_store
 from distcompat._store import QuickStore
 from distcompat.collectives._group import FALLBACK_TIMEOUT_S, group_timeout_s
@@ -119,7 +120,7 @@ def _new_state(key: Any) -> _State:
     wait_s = group_timeout_s(key)  # the group's own: a subgroup may have a shorter one
     listening = True
     return _State(
-        store=QuickStore(dist.distributed_c10d._get_default_store(), f"{prefix}/agree/{name}"),
+        store=QuickStore(_torch.default_store(), f"{prefix}/agree/{name}"),
         rank=rank,
         world=world,
         wait_s=wait_s,

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch.distributed import distributed_c10d as _c10d
 from torch.overrides import has_torch_function
 
+from distcompat import _torch
 from distcompat.collectives import _checked, _probed
 from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE, Finish
@@ -36,21 +36,9 @@ __all__ = ["SKIP", "Outcome"]
 _SUM, _MIN, _MAX = dist.ReduceOp.SUM, dist.ReduceOp.MIN, dist.ReduceOp.MAX
 
 
-class _ViaProperty:
-    """Stands in for torch's ``_world`` where that has no ``_default_pg``: the public property."""
-
-    @property
-    def _default_pg(self) -> Any:
-        return dist.GroupMember.WORLD
-
-
-#: Where the fast paths read the default group: torch's own record of it, without the two
-#: property calls of ``GroupMember.WORLD`` (which returns ``_world.default_pg``, which returns
-#: ``_world._default_pg``): 1.5-3 us of a tiny call right after a wait (benchmarks/README.md).
-#: tests/test_collectives_direct.py checks that both name the same group.
-_WORLD: Any = (
-    _c10d._world if hasattr(getattr(_c10d, "_world", None), "_default_pg") else _ViaProperty()
-)
+#: The default group, read from torch's own record (the seam's C-level getter): no property calls
+#: of ``GroupMember.WORLD`` (1.5-3 us of a tiny call right after a wait, benchmarks/README.md).
+_default_group = _torch.default_group
 
 
 class _Skip(enum.Enum):
@@ -69,7 +57,7 @@ def _ready(group: Any, *tensors: torch.Tensor) -> tuple[Any, Any]:
     capability-probe results installed (each could change what is sent); a tensor that is not a
     plain dense CPU tensor of a dtype moved natively, or that torch would dispatch elsewhere.
     """
-    pg = group if group is not None else _WORLD._default_pg
+    pg = group if group is not None else _default_group()
     last = _agree.last
     if last is None or last[0]() is not pg or _checked._general or _probed._any:
         return pg, None

@@ -18,7 +18,6 @@ from distcompat.collectives._errors import raise_typed
 from distcompat.collectives._wire import MOVE_NATIVE
 from distcompat.collectives.agree import _state as _agree
 from distcompat.collectives.direct._common import (
-    _WORLD,
     SKIP,
     Outcome,
     _a2a_opts,
@@ -27,6 +26,7 @@ from distcompat.collectives.direct._common import (
     _bcast_opts,
     _broadcast_options,
     _complete,
+    _default_group,
     _exchange,
     _exchanges,
     _floor,
@@ -47,7 +47,7 @@ def broadcast(
     """
     if type(tensor) is not torch.Tensor or _checked._general or _probed._any:
         return SKIP
-    pg = group if group is not None else _WORLD._default_pg
+    pg = group if group is not None else _default_group()
     last = _agree.last
     dtype = tensor.dtype
     if (
@@ -104,7 +104,7 @@ def alltoall(
         or _probed._any
     ):
         return SKIP
-    pg = group if group is not None else _WORLD._default_pg
+    pg = group if group is not None else _default_group()
     last = _agree.last
     dtype = input.dtype
     if (

@@ -21,13 +21,13 @@ from distcompat.collectives.direct._common import (
     _MAX,
     _MIN,
     _SUM,
-    _WORLD,
     SKIP,
     Outcome,
     _a2a_opts,
     _admit,
     _all_to_all_options,
     _complete,
+    _default_group,
     _exchange,
     _exchanges,
     _reduce_options,
@@ -48,7 +48,7 @@ def allreduce(tensor: torch.Tensor, op: Any, group: Any, async_op: bool) -> Outc
         return SKIP  # a subclass; checked mode, a region or a declared hang; probe results
     # the op by identity (a pybind enum's hash costs more than the rest of this line)
     name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
-    pg = group if group is not None else _WORLD._default_pg
+    pg = group if group is not None else _default_group()
     last = _agree.last
     dtype = tensor.dtype
     if (
@@ -132,7 +132,7 @@ def reducescatter(
     ):
         return SKIP
     name = "SUM" if op is _SUM else "MAX" if op is _MAX else "MIN" if op is _MIN else None
-    pg = group if group is not None else _WORLD._default_pg
+    pg = group if group is not None else _default_group()
     last = _agree.last
     dtype = input.dtype
     if (

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat._store import QuickStore, StoreUnreachable, asked_until
 from distcompat.collectives._errors import CollectiveError
 from distcompat.collectives._group import backend_for, global_rank, group_timeout_s
@@ -72,7 +73,7 @@ def set_up(key: Any, op: str) -> Engine | ShmStatus:
         return ShmStatus(engaged=False, reason=f"more than {MAX_WORLD} ranks")
     try:
         # the default store, under a prefix per group: one connection serves every group
-        store = QuickStore(dist.distributed_c10d._get_default_store(), f"{_KEY}/{key.group_name}")
+        store = QuickStore(_torch.default_store(), f"{_KEY}/{key.group_name}")
     except (AttributeError, RuntimeError, ValueError) as exc:
         return ShmStatus(engaged=False, reason=f"no store to set the path up through ({exc})")
     try:

@@ -1,0 +1,66 @@
+"""The one place that knows torch's internals, per release.
+
+Every private or version-dependent torch name distcompat relies on is reached through this
+package; ``tests/test_architecture.py`` fails when any other module touches one, and
+docs/torch_versions.md carries the table :data:`INTERNALS` holds. A new torch release is a change
+here::
+
+    from distcompat import _torch
+    _torch.default_store()                  # the default group's store (torch keeps it privately)
+    _torch.release()                        # (2, 15): the installed torch, major and minor
+
+The package imports torch and nothing of distcompat: it is the lowest layer.
+"""
+
+from distcompat._torch._autograd import (
+    RecordFunctionFast,
+    enable_record_function,
+    is_grad_enabled,
+    profiler_enabled,
+    set_grad_enabled,
+)
+from distcompat._torch._c10d import (
+    AllgatherOptions,
+    backend_timeout_s,
+    caller_files,
+    create_work_from_future,
+    default_group,
+    default_store,
+    end_coalescing,
+    premul_sum,
+    register_cpu_backend,
+    start_coalescing,
+)
+from distcompat._torch._names import INTERNALS, Internal, internals_table
+from distcompat._torch._release import release, release_text
+from distcompat._torch._signatures import TorchReleaseError, parameters, require_takes, takes
+from distcompat._torch._trampoline import TrampolineUnknownError, trampoline_methods
+
+__all__ = [
+    "INTERNALS",
+    "AllgatherOptions",
+    "Internal",
+    "RecordFunctionFast",
+    "TorchReleaseError",
+    "TrampolineUnknownError",
+    "backend_timeout_s",
+    "caller_files",
+    "create_work_from_future",
+    "default_group",
+    "default_store",
+    "enable_record_function",
+    "end_coalescing",
+    "internals_table",
+    "is_grad_enabled",
+    "parameters",
+    "premul_sum",
+    "profiler_enabled",
+    "register_cpu_backend",
+    "release",
+    "release_text",
+    "require_takes",
+    "set_grad_enabled",
+    "start_coalescing",
+    "takes",
+    "trampoline_methods",
+]
