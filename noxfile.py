@@ -1,8 +1,9 @@
 """Tooling as code: every check this project runs, one nox session each.
 
-    nox                      # the default sessions: tests, matrix, comparisons, anysize,
-                             # hostile, conformance, lint, typing, docs, launchers, build,
-                             # frameworks
+    nox                      # the default run: every session on the newest torch (2.15.0), then
+                             # tests, comparisons, frameworks and the demo on the oldest
+                             # supported (2.9.1)
+    nox -s "tests(newest)"   # one session on one release ("tests(floor)": on 2.9.1)
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
@@ -10,12 +11,15 @@
     nox -s comparisons       # the programs compared with plain gloo bit for bit, once
     nox -s frameworks        # unchanged torchrun/mp.spawn/FSDP2/Lightning/Accelerate programs
                              # under distcompat run
-    nox -s soak              # the same, 20 times over (races)
+    nox -s soak              # the comparisons, 20 times over (races)
     nox -s anysize           # runs at world sizes 1-4 and across resizes, bit for bit
-    nox -s torch_versions    # the suite on every supported torch (by hand: pulls CUDA builds)
+    nox -s torch_versions    # tests, comparisons, frameworks, demo on 2.13.0 and 2.14.1 (by hand)
 
-Every session installs torch first and explicitly: a bare ``torch`` requirement would pull the
-newest CUDA build from PyPI with several GB of CUDA libraries.
+One virtual environment per torch release (``.nox/torch-<release>``), made by the first session
+that needs it and shared by every session that tests that release: torch (a CUDA build of
+several GB from 2.14 on) is installed once per release, not once per session. Every install
+names torch exactly, so pip can never swap it; the project machines' pip configuration caps
+torch at the 2.14.1 on their disk, which every install here lifts (``PIP_CONSTRAINT``).
 """
 
 from __future__ import annotations
@@ -25,29 +29,41 @@ import re
 import shutil
 import tarfile
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import nox
 
+#: The newest torch release (a bare ``pip install torch`` gives it): every session runs on it.
+NEWEST = "2.15.0"
+#: The oldest release distcompat supports, the one nanochat pins: the sessions in ``FLOOR_RUN``.
+FLOOR = "2.9.1"
+#: Between the two, run by hand (``nox -s torch_versions``).
+BY_HAND = ["2.13.0", "2.14.1"]
+#: The sessions the default run also gives the floor release.
+FLOOR_RUN = ["tests", "comparisons", "frameworks", "demo"]
+RELEASES = {"newest": NEWEST, "floor": FLOOR}
+
 nox.options.sessions = [
-    "tests", "matrix", "comparisons", "anysize", "hostile", "conformance", "lint", "typing",
-    "docs", "launchers", "build", "frameworks",
+    "tests(newest)", "matrix", "comparisons(newest)", "anysize", "hostile", "conformance",
+    "lint", "typing", "docs", "launchers", "build", "frameworks(newest)", "demo(newest)",
+    *(f"{name}(floor)" for name in FLOOR_RUN),
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = True
 
-PYTHON = "3.11"  # the local CPU torch wheel is built for 3.11
-#: torch for the default sessions; DISTCOMPAT_TORCH overrides it (e.g. a CUDA build on a GPU box).
-TORCH = os.environ.get("DISTCOMPAT_TORCH", "torch==2.13.0")
-#: The newest release (the local wheel) and the oldest we support (pyproject: torch>=2.8; below
-#: 2.8 gloo's destroy_process_group hangs intermittently, see docs/launching.md).
-TORCH_MATRIX = ["2.13.0", "2.8.0"]
+PYTHON = "3.11"  # the local torch wheels are built for 3.11
+#: torch for the sessions that take no release; DISTCOMPAT_TORCH overrides it (a GPU box's build).
+TORCH = os.environ.get("DISTCOMPAT_TORCH", f"torch=={NEWEST}")
+#: The project machines' /etc/xdg/pip caps torch at 2.14.1; every install here names its torch.
+os.environ["PIP_CONSTRAINT"] = os.devnull
 #: Checkers pinned to the versions the code was last checked with, so a new release cannot turn
 #: a clean tree red; bump them on purpose.
 RUFF = "ruff==0.17.6"
 MYPY = "mypy==2.4.1"
 #: Ray Train for the launchers session; it does not require torch, and the torch pin is passed in
-#: the same install so pip can never swap the local CPU build for a CUDA one.
+#: the same install so pip can never swap torch.
 RAY = "ray[train]==2.60.0"
 #: Lightning for the frameworks session, installed with the torch pin (as RAY is).
 LIGHTNING = "lightning==2.6.6"
@@ -56,138 +72,206 @@ LIGHTNING = "lightning==2.6.6"
 ACCELERATE = "accelerate==1.15.0"
 BUILD = "build==1.6.1"
 TWINE = "twine==7.0.0"
+ROOT = Path(__file__).resolve().parent
 
 
-def install(session: nox.Session, *extras: str, torch: str = TORCH) -> None:
-    """Install torch explicitly, then distcompat (editable) with ``extras``."""
-    session.install(torch)
+@dataclass(frozen=True, slots=True)
+class TorchEnv:
+    """The shared environment of one torch release, and how to run a command in it."""
+
+    torch: str  # the requirement, "torch==2.15.0"
+    path: Path
+
+    @property
+    def bin(self) -> Path:
+        return self.path / "bin"
+
+    def run(self, session: nox.Session, program: str, *args: str, **env: str) -> None:
+        """Run ``program`` from the environment, with it first on ``PATH`` (for subprocesses)."""
+        environ = {"PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+                   "VIRTUAL_ENV": str(self.path), **env}  # fmt: skip
+        session.run(str(self.bin / program), *args, external=True, env=environ)
+
+
+def torch_env(session: nox.Session, torch: str, extras: Sequence[str] = ("tests",),
+              packages: Sequence[str] = ()) -> TorchEnv:  # fmt: skip
+    """Return the shared environment of ``torch`` with distcompat (editable, ``extras``) and
+    ``packages`` in it, making it the first time (``.nox/torch-<release>``)."""
+    name = re.sub(r"[^A-Za-z0-9._+-]+", "-", torch.removeprefix("torch=="))
+    env = TorchEnv(torch=torch, path=ROOT / ".nox" / f"torch-{name}")
+    if not (env.bin / "python").exists():
+        python = shutil.which(f"python{PYTHON}")
+        if python is None:
+            session.error(f"no python{PYTHON} on PATH: the torch wheels here are built for it")
+        session.run(python, "-m", "venv", str(env.path), external=True)
     target = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", target)
+    session.run(str(env.bin / "python"), "-m", "pip", "install", "-q", torch, "-e", target,
+                *packages, external=True)  # fmt: skip
+    env.run(session, "python", "-c", "import torch; print('torch', torch.__version__)")
+    return env
 
 
-@nox.session(python=PYTHON)
-def tests(session: nox.Session) -> None:
-    """The whole test suite on gloo multi-process groups (no GPU needed)."""
-    install(session, "tests")
-    # -m replaces pyproject's: the plain-gloo comparisons, the runs at several world sizes and
-    # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
-    # the session under its 10-minute goal
-    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
-    session.run("pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
-                *ignored, "--durations=15", *session.posargs)  # fmt: skip
+def release_of(name: str) -> str:
+    return f"torch=={RELEASES[name]}"
 
 
 #: Where real jobs hang, on real rank processes with every default on: the defaults matrix (36
 #: scenarios, about 2 minutes on 2 cores); what a default init does about a late rank, a failed
 #: collective and two jobs that hang; a hang's incidents read by torch's Flight Recorder
 #: analyzer; a job with a stopped rank dumped on demand (about 1.5 minutes together). Their own
-#: session keeps ``tests`` under 10 minutes.
+#: session keeps ``tests`` under 8 minutes.
 MATRIX = [
     "tests/test_diagnostics_matrix.py",
     "tests/test_diagnostics_defaults.py",
     "tests/test_diagnostics_flight_dump.py",
     "tests/test_diagnostics_on_demand.py",
 ]
-
-
-@nox.session(python=PYTHON)
-def matrix(session: nox.Session) -> None:
-    """Where real jobs hang, every default on, on real rank processes: the defaults matrix and
-    the hang diagnostics' end-to-end jobs (``MATRIX``)."""
-    install(session, "tests")
-    session.run("pytest", *MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
-
-
-@nox.session(python=PYTHON)
-def tests_cuda(session: nox.Session) -> None:
-    """Tests marked ``cuda`` (CUDA tensors, NCCL at world size 1); skips when there is no GPU."""
-    install(session, "tests")
-    probe = "import torch; print(int(torch.cuda.is_available()))"
-    has_cuda = session.run("python", "-c", probe, silent=True) or ""
-    if has_cuda.strip().splitlines()[-1:] != ["1"]:
-        session.skip("no CUDA device visible to torch here: the cuda-marked tests need one")
-    session.run("pytest", "-m", "cuda", *session.posargs)
-
-
-@nox.session(python=PYTHON)
-def conformance(session: nox.Session) -> None:
-    """torch's DistributedTest._DistTestBase (in the wheel) on gloo, 2 ranks, with distcompat's
-    init_process_group and every default on: every test that passes on plain gloo must pass
-    (about 15 minutes on 2 cores). DISTCOMPAT_CONFORMANCE=torch runs torch's own init for the
-    side-by-side count; ``-- -k NAME`` picks tests."""
-    install(session, "tests")
-    session.install("expecttest")  # torch.testing._internal imports it
-    # torch's test code warns (deprecated torch.jit.script...): not this project's warnings
-    settings = ["-o", "addopts=", "-W", "ignore", "-p", "no:cacheprovider"]
-    session.run("pytest", "conformance/test_torch_distributed.py", "-q", *settings,
-                *session.posargs)  # fmt: skip
-
-
 #: The tests marked ``plain_gloo``: a program run on the protected group and on plain gloo,
 #: compared bit for bit, where a race in the group shows as a hang or other bits (FSDP2 with its
 #: state dicts and DCP on another world size, HSDP, the functional mix that hung in issue 40,
-#: the differential random programs). Their own session keeps ``tests`` under 10 minutes.
+#: the differential random programs). Their own session keeps ``tests`` under 8 minutes.
 COMPARED = [
     "tests/test_collectives_protected.py",
     "tests/test_collectives_protected_differential.py",
 ]
 
 
-@nox.session(python=PYTHON)
-def comparisons(session: nox.Session) -> None:
+def run_tests(session: nox.Session, env: TorchEnv) -> None:
+    # -m replaces pyproject's: the plain-gloo comparisons, the runs at several world sizes and
+    # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
+    # the session under its 8-minute goal
+    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
+    env.run(session, "pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
+            *ignored, "--durations=15", *session.posargs)  # fmt: skip
+
+
+def run_comparisons(session: nox.Session, env: TorchEnv) -> None:
+    env.run(session, "pytest", *COMPARED, "-m", "plain_gloo", "-q", "-p", "no:cacheprovider",
+            *session.posargs)  # fmt: skip
+
+
+def run_frameworks(session: nox.Session, env: TorchEnv) -> None:
+    # addopts= : not the suite's doctest collection of src/ nor its marker filter
+    env.run(session, "pytest", "frameworks/test_frameworks.py", "-o", "addopts=", "-q", "-p",
+            "no:cacheprovider", *session.posargs)  # fmt: skip
+
+
+def run_demo(session: nox.Session, env: TorchEnv) -> None:
+    out = Path(session.create_tmp()).resolve() / f"demo-{env.path.name}"
+    shutil.rmtree(out, ignore_errors=True)
+    env.run(session, "distcompat", "demo", "--out", str(out))
+
+
+@nox.session(python=False)
+@nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
+def tests(session: nox.Session, release: str) -> None:
+    """The whole test suite on gloo multi-process groups (no GPU needed)."""
+    run_tests(session, torch_env(session, release_of(release)))
+
+
+@nox.session(python=False)
+def matrix(session: nox.Session) -> None:
+    """Where real jobs hang, every default on, on real rank processes: the defaults matrix and
+    the hang diagnostics' end-to-end jobs (``MATRIX``)."""
+    env = torch_env(session, TORCH)
+    env.run(session, "pytest", *MATRIX, "-q", "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session(python=False)
+def tests_cuda(session: nox.Session) -> None:
+    """Tests marked ``cuda`` (CUDA tensors, NCCL at world size 1); skips when there is no GPU."""
+    env = torch_env(session, TORCH)
+    probe = "import torch; print(int(torch.cuda.is_available()))"
+    has_cuda = session.run(str(env.bin / "python"), "-c", probe, silent=True, external=True)
+    if str(has_cuda or "").strip().splitlines()[-1:] != ["1"]:
+        session.skip("no CUDA device visible to torch here: the cuda-marked tests need one")
+    env.run(session, "pytest", "-m", "cuda", *session.posargs)
+
+
+@nox.session(python=False)
+def conformance(session: nox.Session) -> None:
+    """torch's DistributedTest._DistTestBase (in the wheel) on gloo, 2 ranks, with distcompat's
+    init_process_group and every default on: every test that passes on plain gloo must pass.
+    DISTCOMPAT_CONFORMANCE=torch runs torch's own init for the side-by-side count; ``-- -k
+    NAME`` picks tests."""
+    env = torch_env(session, TORCH, packages=["expecttest"])  # torch's test code imports it
+    # torch's test code warns (deprecated torch.jit.script...): not this project's warnings
+    settings = ["-o", "addopts=", "-W", "ignore", "-p", "no:cacheprovider"]
+    env.run(session, "pytest", "conformance/test_torch_distributed.py", "-q", *settings,
+            *session.posargs)  # fmt: skip
+
+
+@nox.session(python=False)
+@nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
+def comparisons(session: nox.Session, release: str) -> None:
     """The programs compared with plain gloo bit for bit, once (about 1.5 minutes on 2 cores)."""
-    install(session, "tests")
-    session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-p", "no:cacheprovider",
-                *session.posargs)  # fmt: skip
+    run_comparisons(session, torch_env(session, release_of(release)))
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def anysize(session: nox.Session) -> None:
     """The tests marked ``anysize``: runs at world sizes 1-4 and across resizes, compared bit for
-    bit (exact mode, FSDP2 resharding through DCP); their own session keeps ``tests`` under 10
+    bit (exact mode, FSDP2 resharding through DCP); their own session keeps ``tests`` under 8
     minutes."""
-    install(session, "tests")
-    session.run("pytest", "tests", "-m", "anysize", "-q", "-p", "no:cacheprovider",
-                *session.posargs)  # fmt: skip
+    env = torch_env(session, TORCH)
+    env.run(session, "pytest", "tests", "-m", "anysize", "-q", "-p", "no:cacheprovider",
+            *session.posargs)  # fmt: skip
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def hostile(session: nox.Session) -> None:
     """Jobs under conditions they do not control (tests/test_hostile.py: a stranger on the link
     ports, 1,024 open files, full file systems, a tiny /dev/shm; about a minute on 2 cores).
     The file systems need root (a mount namespace); without it those cases skip."""
-    install(session, "tests")
-    session.run("pytest", "tests/test_hostile.py", "-m", "hostile", "-q", "-p", "no:cacheprovider",
-                *session.posargs)  # fmt: skip
+    env = torch_env(session, TORCH)
+    env.run(session, "pytest", "tests/test_hostile.py", "-m", "hostile", "-q", "-p",
+            "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def soak(session: nox.Session) -> None:
     """The comparisons ``SOAK_RUNS`` times (default 20) to catch races, stopping at the first
     failure; about 30 minutes on 2 cores, so on demand (``-- -k fsdp`` picks)."""
-    install(session, "tests")
+    env = torch_env(session, TORCH)
     runs = int(os.environ.get("SOAK_RUNS", "20"))
     for run in range(1, runs + 1):
         session.log(f"soak run {run} of {runs}")
-        session.run("pytest", *COMPARED, "-m", "plain_gloo", "-q", "-x", "-p", "no:cacheprovider",
-                    *session.posargs)  # fmt: skip
+        env.run(session, "pytest", *COMPARED, "-m", "plain_gloo", "-q", "-x", "-p",
+                "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
-@nox.session(python=PYTHON)
-def frameworks(session: nox.Session) -> None:
+@nox.session(python=False)
+@nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
+def frameworks(session: nox.Session, release: str) -> None:
     """Unchanged programs under ``distcompat run`` (issue 48): torchrun DDP, ``mp.spawn`` with
     ``tcp://``, ``init_device_mesh`` + FSDP2, Lightning ``Trainer`` and Fabric, Hugging Face
     Accelerate (``accelerate launch`` through torchrun's agent) on 2 CPU ranks; Open MPI's
     ``mpirun`` (plain, and Accelerate's multi-CPU ``--mpirun_hostfile``) and Slurm's ``srun``
     where installed (the launchers session, before it in the default run, installs them;
     elsewhere those cases skip);
-    the same bits as without it, a stall, a killed rank and mismatched shapes named (about 10
+    the same bits as without it, a stall, a killed rank and mismatched shapes named (about 6
     minutes on 2 cores; the table of what each showed ends the output)."""
-    install(session, "tests")
-    session.install(TORCH, LIGHTNING, ACCELERATE)
-    # addopts= : not the suite's doctest collection of src/ nor its marker filter
-    session.run("pytest", "frameworks/test_frameworks.py", "-o", "addopts=", "-q", "-p",
-                "no:cacheprovider", *session.posargs)  # fmt: skip
+    env = torch_env(session, release_of(release), packages=[LIGHTNING, ACCELERATE])
+    run_frameworks(session, env)
+
+
+@nox.session(python=False)
+@nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
+def demo(session: nox.Session, release: str) -> None:
+    """``distcompat demo`` on 2 gloo ranks: trains, checks, and exits non-zero on a failed check."""
+    run_demo(session, torch_env(session, release_of(release), extras=()))
+
+
+@nox.session(python=False)
+@nox.parametrize("version", BY_HAND)
+def torch_versions(session: nox.Session, version: str) -> None:
+    """tests, comparisons, frameworks and the demo on a release between the floor and the newest
+    (by hand: each is a CUDA build of several GB)."""
+    env = torch_env(session, f"torch=={version}", packages=[LIGHTNING, ACCELERATE])
+    run_tests(session, env)
+    run_comparisons(session, env)
+    run_frameworks(session, env)
+    run_demo(session, env)
 
 
 @nox.session(python=PYTHON)
@@ -198,39 +282,29 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def typing(session: nox.Session) -> None:
-    """mypy --strict over the library, the tests, the benchmarks and this file."""
-    install(session, "tests")
-    session.install(MYPY, "nox>=2024.4")
-    session.run("mypy")
+    """mypy --strict over the library, the tests, the benchmarks and this file (torch's stubs of
+    the newest release)."""
+    env = torch_env(session, TORCH, packages=[MYPY, "nox>=2024.4"])
+    env.run(session, "mypy")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def docs(session: nox.Session) -> None:
     """Build the docs with warnings as errors."""
-    install(session, "docs")
-    site = str(session.cache_dir / "site")
-    session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
+    env = torch_env(session, TORCH, extras=("tests", "docs"))
+    site = str(Path(session.create_tmp()).resolve() / "site")
+    env.run(session, "mkdocs", "build", "--strict", "--site-dir", site, NO_MKDOCS_2_WARNING="1")
 
 
-@nox.session(python=PYTHON)
+@nox.session(python=False)
 def launchers(session: nox.Session) -> None:
     """A probe under every launcher (torchrun, two netns nodes, Open MPI, MPICH, Slurm, Ray Train)
     and network faults on the two nodes; installs the launchers it lacks (apt-get, as root)."""
-    session.run("python", "tools/launchers/install.py")
-    install(session)
-    session.install(RAY, TORCH)
-    session.run("python", "tools/launchers/run.py", *session.posargs)
-
-
-@nox.session(python=PYTHON)
-@nox.parametrize("torch_version", TORCH_MATRIX)
-def torch_versions(session: nox.Session, torch_version: str) -> None:
-    """The test suite on each supported torch (older ones come from PyPI with CUDA libraries)."""
-    install(session, "tests", torch=f"torch=={torch_version}")
-    session.run("python", "-c", "import torch; print('torch', torch.__version__)")
-    session.run("pytest", "-m", "not cuda", *session.posargs)
+    env = torch_env(session, TORCH, packages=[RAY])
+    env.run(session, "python", "tools/launchers/install.py")
+    env.run(session, "python", "tools/launchers/run.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -64,6 +64,7 @@ from distcompat.collectives import (
     broadcast_object_list,
     gather,
     gather_object,
+    gather_single,
     irecv,
     isend,
     recv,
@@ -76,7 +77,12 @@ from distcompat.collectives import (
     scatter_object_list,
     send,
 )
-from distcompat.process_group import destroy_process_group, init_process_group, monitored_barrier
+from distcompat.process_group import (
+    destroy_process_group,
+    init_process_group,
+    monitored_barrier,
+    set_timeout,
+)
 
 # The rest of torch.distributed is re-exported by the star import above.
 __all__ = [
@@ -101,6 +107,7 @@ __all__ = [
     "destroy_process_group",
     "gather",
     "gather_object",
+    "gather_single",
     "get_backend",
     "get_rank",
     "get_world_size",
@@ -121,6 +128,7 @@ __all__ = [
     "scatter",
     "scatter_object_list",
     "send",
+    "set_timeout",
 ]
 
 

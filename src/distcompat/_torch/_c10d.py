@@ -80,7 +80,8 @@ def create_work_from_future(future: torch.futures.Future[Any]) -> dist.Work:
         >>> create_work_from_future(future).wait()
         True
     """
-    work: dist.Work = _c10d_ext._create_work_from_future(future)
+    extension: Any = _c10d_ext  # the stubs of some releases omit the name
+    work: dist.Work = extension._create_work_from_future(future)
     return work
 
 
@@ -150,8 +151,9 @@ def premul_sum(factor: Any) -> dist.ReduceOp:
         >>> premul_sum(2.0).op == dist.ReduceOp.PREMUL_SUM
         True
     """
+    kind: Any = dist.ReduceOp.PREMUL_SUM  # callable with a factor from 2.13 (stubs differ)
     try:
-        op: dist.ReduceOp = dist.ReduceOp.PREMUL_SUM(factor)  # type: ignore[operator]
+        op: dist.ReduceOp = kind(factor)
     except TypeError:
         op = dist._make_nccl_premul_sum(factor)
     return op

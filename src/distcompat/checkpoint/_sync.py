@@ -224,7 +224,7 @@ def save_group(what: str, timeout_s: float) -> SaveGroup:
     global _side_group
     if _side_group is None or _side_group[0] is not dist.group.WORLD:  # none yet, or a new world
         try:
-            side = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            side: Any = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
         except RuntimeError as exc:  # gloo's connect timed out: not every rank made the group
             raise CheckpointSyncError(
                 f"{what} on rank {rank}: could not make the gloo group a save needs beside the "
@@ -258,7 +258,7 @@ def dedicated_save_group(what: str, timeout_s: float) -> SaveGroup:
         return alone
     rank, world_size = dist.get_rank(), dist.get_world_size()
     try:
-        side = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+        side: Any = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
         raise CheckpointSyncError(
             f"{what} on rank {rank}: not every rank made the save group within "

@@ -61,7 +61,7 @@ from distcompat.collectives._p2p import (
 from distcompat.collectives._protected import GroupWork, ProtectedGroup
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
-from distcompat.collectives._rooted import gather, scatter
+from distcompat.collectives._rooted import gather, gather_single, scatter
 from distcompat.collectives._uneven import all_gather_uneven
 from distcompat.collectives._wire import UnsupportedCollectiveError
 from distcompat.collectives._work import CompatWork
@@ -104,6 +104,7 @@ __all__ = [
     "explain_collective",
     "gather",
     "gather_object",
+    "gather_single",
     "irecv",
     "is_checked",
     "isend",

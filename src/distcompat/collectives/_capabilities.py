@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -302,7 +303,7 @@ def _future(op: str, group: Any, device: torch.device) -> str:
             finally:
                 work.wait()
                 receive.wait()
-        calls = {
+        calls: dict[str, Callable[[], Any]] = {
             "all_reduce": lambda: dist.all_reduce(value, group=group, async_op=True),
             "broadcast": lambda: dist.broadcast(
                 value, src=global_rank(group, 0), group=group, async_op=True),

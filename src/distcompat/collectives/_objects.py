@@ -9,12 +9,16 @@ machines). These move the same pickled bytes with plain tensor collectives::
 
 ``gather_object`` and ``scatter_object_list`` are built on all-gather and broadcast (every rank
 receives every payload): simple and correct, meant for the small objects they are used for.
-Like torch's, they unpickle what peers send: use them only inside a job you trust.
+Like torch's, they unpickle what peers send: use them only inside a job you trust, or pass
+``weights_only=True`` (torch 2.14's parameter, here on every release): ``torch.save`` bytes,
+read back by ``torch.load(weights_only=True)``, which refuses anything but tensors, containers
+and plain values. Every rank must pass the same value.
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 import pickle
 from typing import Any
 
@@ -37,14 +41,22 @@ def _device(group: Any) -> torch.device:
     return torch.device("cpu")
 
 
-def _encode(obj: Any, device: torch.device) -> torch.Tensor:
-    data = bytearray(pickle.dumps(obj))
+def _encode(obj: Any, device: torch.device, weights_only: bool) -> torch.Tensor:
+    if weights_only:
+        saved = io.BytesIO()
+        torch.save(obj, saved)
+        data = bytearray(saved.getvalue())
+    else:
+        data = bytearray(pickle.dumps(obj))
     return torch.frombuffer(data, dtype=torch.uint8).to(device)
 
 
-def _decode(payload: torch.Tensor, size: int) -> Any:
+def _decode(payload: torch.Tensor, size: int, weights_only: bool) -> Any:
     host = payload[:size].cpu().contiguous()
-    return pickle.loads(ctypes.string_at(host.data_ptr(), size))  # no NumPy needed
+    data = ctypes.string_at(host.data_ptr(), size)  # no NumPy needed
+    if weights_only:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    return pickle.loads(data)
 
 
 def _wait_on(op: str, group: Any, call: Any) -> None:
@@ -52,10 +64,10 @@ def _wait_on(op: str, group: Any, call: Any) -> None:
     issue(op, call, group, None, None, False)
 
 
-def _gather_payloads(obj: Any, group: Any, op: str) -> list[Any]:
+def _gather_payloads(obj: Any, group: Any, op: str, weights_only: bool) -> list[Any]:
     world = group_size(group)
     device = _device(group)
-    mine = _encode(obj, device)
+    mine = _encode(obj, device, weights_only)
     sizes = torch.empty(world, dtype=torch.int64, device=device)
     size = torch.tensor([mine.numel()], device=device)
     _wait_on(op, group, lambda a: all_gather_flat(sizes, size, group=group, async_op=a))
@@ -65,7 +77,7 @@ def _gather_payloads(obj: Any, group: Any, op: str) -> list[Any]:
     everything = torch.empty(world * longest, dtype=torch.uint8, device=device)
     _wait_on(op, group, lambda a: all_gather_flat(everything, padded, group=group, async_op=a))
     rows = everything.view(world, longest)
-    return [_decode(rows[r], int(sizes[r])) for r in range(world)]
+    return [_decode(rows[r], int(sizes[r]), weights_only) for r in range(world)]
 
 
 def _global(group: Any, src: int | None, group_src: int | None) -> int:
@@ -77,8 +89,12 @@ def _global(group: Any, src: int | None, group_src: int | None) -> int:
 
 
 @entry
-def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+def all_gather_object(
+    object_list: list[Any], obj: Any, group: Any = None, weights_only: bool = False
+) -> None:
     """Gather picklable ``obj`` from every rank into ``object_list`` (in rank order).
+
+    ``weights_only=True``: only what ``torch.load(weights_only=True)`` reads (module docstring).
 
     Example:
         >>> out = [None]
@@ -90,7 +106,7 @@ def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> No
         object_list[0] = obj
         return
     verify("all_gather_object", None, group)
-    object_list[:] = _gather_payloads(obj, group, "all_gather_object")
+    object_list[:] = _gather_payloads(obj, group, "all_gather_object", weights_only)
 
 
 @entry
@@ -100,6 +116,7 @@ def broadcast_object_list(
     group: Any = None,
     device: torch.device | None = None,
     group_src: int | None = None,
+    weights_only: bool = False,
 ) -> None:
     """Replace ``object_list``'s items with the source rank's, on every rank.
 
@@ -115,7 +132,7 @@ def broadcast_object_list(
     verify("broadcast_object_list", None, group, root=root)
     where = device or _device(group)
     is_root = dist.get_rank() == root
-    payload = _encode(list(object_list), where) if is_root else None
+    payload = _encode(list(object_list), where, weights_only) if is_root else None
     size = torch.tensor([payload.numel() if payload is not None else 0], device=where)
     op = "broadcast_object_list"
     _wait_on(op, group, lambda a: dist.broadcast(size, root, group, async_op=a))
@@ -123,7 +140,7 @@ def broadcast_object_list(
         payload if payload is not None else torch.empty(int(size), dtype=torch.uint8, device=where)
     )
     _wait_on(op, group, lambda a: dist.broadcast(buffer, root, group, async_op=a))
-    object_list[:] = _decode(buffer, int(size))
+    object_list[:] = _decode(buffer, int(size), weights_only)
 
 
 @entry
@@ -133,6 +150,7 @@ def gather_object(
     dst: int | None = None,
     group: Any = None,
     group_dst: int | None = None,
+    weights_only: bool = False,
 ) -> None:
     """Gather picklable objects into ``object_gather_list`` on the destination rank.
 
@@ -147,7 +165,7 @@ def gather_object(
             object_gather_list[0] = obj
         return
     verify("gather_object", None, group, root=dst if dst is not None else group_dst)
-    everything = _gather_payloads(obj, group, "gather_object")
+    everything = _gather_payloads(obj, group, "gather_object", weights_only)
     if is_root(group, dst, group_dst):
         if object_gather_list is None:
             raise ValueError("the destination rank needs an object_gather_list")
@@ -161,6 +179,7 @@ def scatter_object_list(
     src: int | None = None,
     group: Any = None,
     group_src: int | None = None,
+    weights_only: bool = False,
 ) -> None:
     """Send item r of the source's ``scatter_object_input_list`` to rank r (into output[0]).
 
@@ -175,5 +194,7 @@ def scatter_object_list(
             scatter_object_output_list[0] = scatter_object_input_list[0]
         return
     items = list(scatter_object_input_list or [])
-    broadcast_object_list(items, src=src, group=group, group_src=group_src)
+    broadcast_object_list(
+        items, src=src, group=group, group_src=group_src, weights_only=weights_only
+    )
     scatter_object_output_list[0] = items[rank_in(group)]

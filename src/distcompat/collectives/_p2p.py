@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar, overload
+from datetime import timedelta
+from typing import Any, Literal, TypeVar, cast, overload
 
 import torch
 import torch.distributed as dist
 
+from distcompat import _torch
 from distcompat.collectives._blocking import beside
 from distcompat.collectives._checked import verify
 from distcompat.collectives._entry import entry
@@ -238,7 +240,8 @@ class P2POp(dist.P2POp):
     def __new__(
         cls, op: Callable[..., Any], tensor: torch.Tensor, *args: Any, **kwargs: Any
     ) -> P2POp:
-        return super().__new__(cls, _native_op(op), tensor, *args, **kwargs)  # type: ignore[no-any-return]
+        made: Any = super().__new__(cls, _native_op(op), tensor, *args, **kwargs)
+        return cast(P2POp, made)  # torch's stubs type __new__ differently per release
 
     def __init__(self, op: Callable[..., Any], tensor: torch.Tensor, *args: Any, **kwargs: Any):
         super().__init__(_native_op(op), tensor, *args, **kwargs)
@@ -313,6 +316,7 @@ def barrier(
     *,
     async_op: Literal[True],
     device_ids: list[int] | None = ...,
+    timeout: timedelta | None = ...,
 ) -> CompatWork: ...
 
 
@@ -321,20 +325,30 @@ def barrier(
     group: Any = ...,
     async_op: bool = ...,
     device_ids: list[int] | None = ...,
+    timeout: timedelta | None = ...,
 ) -> CompatWork | None: ...
 
 
 @entry
 def barrier(
-    group: Any = None, async_op: bool = False, device_ids: list[int] | None = None
+    group: Any = None,
+    async_op: bool = False,
+    device_ids: list[int] | None = None,
+    timeout: timedelta | None = None,
 ) -> CompatWork | None:
     """Wait for every rank of ``group``; the identity at world size 1.
+
+    ``timeout``: this barrier's own, as torch's (torch 2.9 has no such parameter: there it
+    raises :class:`~distcompat._torch.TorchReleaseError`).
 
     Example:
         >>> barrier()
     """
+    own = {} if timeout is None else {"timeout": timeout}
+    if own:
+        _torch.require_takes("barrier", "timeout", timeout)
     if group_size(group) == 1:
         return done_if_async(None, async_op)
     verify("barrier", None, group)
-    transport = lambda a: dist.barrier(group=group, async_op=a, device_ids=device_ids)  # noqa: E731
+    transport = lambda a: dist.barrier(group=group, async_op=a, device_ids=device_ids, **own)  # noqa: E731
     return issue("barrier", transport, group, None, None, async_op)

@@ -43,7 +43,7 @@ from distcompat.collectives._movement import all_gather, all_gather_into_tensor,
 from distcompat.collectives._p2p import barrier, irecv, isend
 from distcompat.collectives._reduce_scatter import reduce_scatter, reduce_scatter_tensor
 from distcompat.collectives._reductions import all_reduce, reduce
-from distcompat.collectives._rooted import gather, scatter
+from distcompat.collectives._rooted import gather, gather_single, scatter
 from distcompat.collectives._work import CompatWork, joined
 
 __all__ = ["BACKEND", "GroupWork", "ProtectedGroup", "make_group", "register"]
@@ -177,7 +177,8 @@ class ProtectedGroup(dist.ProcessGroup):
     """
 
     def __init__(self, backend: Any, rank: int, size: int, name: str = "gloo") -> None:
-        super().__init__(rank, size)  # type: ignore[call-arg]  # the stub lacks this form
+        base: Any = super().__init__  # (rank, size): a form some releases' stubs lack
+        base(rank, size)
         self.backend = backend
         self.protects = name
         self._group_name = ""
@@ -261,6 +262,14 @@ class ProtectedGroup(dist.ProcessGroup):
         return _handed(
             gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank), outputs
         )
+
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+        # torch 2.14+'s dist.gather_single calls it (its C++ has no trampoline for it)
+        if _entry.inside():
+            return self.backend.gather_single(output, input, opts)
+        root = opts.rootRank == self.rank()
+        work = gather_single(input, output if root else None, None, self, True, opts.rootRank)
+        return _handed(work, [output])
 
     def scatter(  # type: ignore[override]
         self, outputs: list[torch.Tensor], inputs: list[list[torch.Tensor]], opts: Any

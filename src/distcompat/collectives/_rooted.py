@@ -22,7 +22,7 @@ from distcompat.collectives._issue import issue
 from distcompat.collectives._wire import chain, stage_input, stage_output
 from distcompat.collectives._work import CompatWork, done_if_async
 
-__all__ = ["gather", "scatter"]
+__all__ = ["gather", "gather_single", "scatter"]
 
 
 @overload
@@ -83,6 +83,52 @@ def gather(
         wires, finish = None, None
     transport = lambda a: dist.gather(source, wires, group=group, async_op=a, **root)  # noqa: E731
     return issue("gather", transport, group, gather_list, finish, async_op)
+
+
+def gather_single(
+    tensor: torch.Tensor,
+    gather_tensor: torch.Tensor | None = None,
+    dst: int | None = None,
+    group: Any = None,
+    async_op: bool = False,
+    group_dst: int | None = None,
+) -> CompatWork | None:
+    """Gather every rank's ``tensor`` into one ``gather_tensor`` on the destination rank.
+
+    torch 2.14's ``gather_single``, on every release and backend: ``gather_tensor`` holds world
+    size copies of ``tensor`` (flat, or stacked), in rank order, and must be contiguous. It is
+    :func:`gather` into one view of ``gather_tensor`` per rank, so every backend's gather and
+    distcompat's shims do the work (plain gloo raises "does not support gather_single").
+    Without ``dst`` and ``group_dst``, global rank 0 receives, as in torch.
+
+    Example:
+        >>> out = torch.empty(1, 2)
+        >>> gather_single(torch.ones(2), out, dst=0)
+        >>> out
+        tensor([[1., 1.]])
+    """
+    if dst is None and group_dst is None:
+        dst = 0
+    views = None
+    if is_root(group, dst, group_dst):
+        world_size = group_size(group)
+        if gather_tensor is None:
+            raise ValueError("gather_single: the destination rank needs a gather_tensor")
+        if not gather_tensor.is_contiguous():
+            raise ValueError("gather_single: gather_tensor must be contiguous")
+        if gather_tensor.dtype != tensor.dtype:
+            raise ValueError(
+                f"gather_single: gather_tensor is {gather_tensor.dtype}, tensor {tensor.dtype}"
+            )
+        if gather_tensor.numel() != world_size * tensor.numel():
+            raise ValueError(
+                f"gather_single: gather_tensor has {gather_tensor.numel()} elements; {world_size} "
+                f"rank(s) of {tensor.numel()} need {world_size * tensor.numel()}"
+            )
+        views = list(gather_tensor.view(world_size, *tensor.shape).unbind(0))
+    if async_op:
+        return gather(tensor, views, dst, group, async_op=True, group_dst=group_dst)
+    return gather(tensor, views, dst, group, async_op=False, group_dst=group_dst)
 
 
 @overload

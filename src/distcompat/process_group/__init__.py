@@ -30,6 +30,7 @@ from distcompat.process_group._torch_api import (
     destroy_process_group,
     init_process_group,
     monitored_barrier,
+    set_timeout,
 )
 
 __all__ = [
@@ -46,4 +47,5 @@ __all__ = [
     "init_process_group",
     "is_main_process",
     "monitored_barrier",
+    "set_timeout",
 ]

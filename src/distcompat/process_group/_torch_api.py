@@ -33,7 +33,7 @@ from distcompat.process_group._create import _protected_backend
 from distcompat.process_group._init_watch import watched
 from distcompat.process_group._lifecycle import _initialize, _normalize, destroy_distributed
 
-__all__ = ["destroy_process_group", "init_process_group", "monitored_barrier"]
+__all__ = ["destroy_process_group", "init_process_group", "monitored_barrier", "set_timeout"]
 
 #: Backends whose groups carry CPU tensors, and the run device each means.
 _DEVICES = {"gloo": "cpu", "nccl": "cuda", "xccl": "xpu"}
@@ -107,7 +107,7 @@ def init_process_group(
             device_id=device_id, _ranks=_ranks,
         )  # fmt: skip
         return
-    newer = {"enable_reconfigure": True} if enable_reconfigure else {}
+    newer: dict[str, Any] = {"enable_reconfigure": True} if enable_reconfigure else {}
     for name, value in newer.items():
         _torch.require_takes("init_process_group", name, value)
     device = _device_for(backend, device_id)
@@ -203,3 +203,20 @@ def monitored_barrier(
 
     waited = timeout if timeout is not None else timedelta(seconds=group_timeout_s(target))
     target.monitored_barrier(waited, wait_all_ranks=wait_all_ranks)
+
+
+def set_timeout(timeout: timedelta, group: Any | None = None) -> None:
+    """Set ``group``'s timeout (the default group's without one) for the operations that follow.
+
+    torch 2.14's ``set_timeout``, on every release: distcompat's bounded waits, the watchdog's
+    bound and the group's backends all read the new value.
+
+    Example:
+        >>> set_timeout(timedelta(minutes=5))   # no group here: nothing to set
+    """
+    if not isinstance(timeout, timedelta):
+        raise TypeError(f"set_timeout: timeout must be a datetime.timedelta, not {timeout!r}")
+    target: Any = group if group is not None else dist.group.WORLD
+    if target is None:
+        return
+    target.set_timeout(timeout)
