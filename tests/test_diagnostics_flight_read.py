@@ -26,11 +26,14 @@ SCRIPT = Path(__file__).with_name("_fr_native_script.py")
 @pytest.fixture(scope="module")
 def torch_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """torch's gloo dumps of two jobs: rank 1 leaves out call 5 (2 ranks); rank 2 broadcasts
-    where the others all_reduce at call 5 (3 ranks)."""
+    where the others all_reduce at call 5 (3 ranks). ``TORCH_FR_BUFFER_SIZE`` is set, as a user
+    of torch 2.9 must set it: 2.9's gloo records nothing without it (2.13's records by
+    default)."""
     out = {}
     for mode, world in (("late", 2), ("mismatch", 3)):
         folder = tmp_path_factory.mktemp(mode)
-        ranks = run_ranks(SCRIPT, world, args=[str(folder), mode], timeout=60)
+        ranks = run_ranks(SCRIPT, world, args=[str(folder), mode], timeout=60,
+                          env={"TORCH_FR_BUFFER_SIZE": "2000"})  # fmt: skip
         assert [r.returncode for r in ranks] == [0] * world, [r.stderr for r in ranks]
         out[mode] = folder
     return out

@@ -141,7 +141,7 @@ def _newest_functions() -> dict[str, object]:
     refused = ""
     try:
         dist.all_gather_object([None] * world, _Unsafe(), weights_only=True)
-    except Exception as exc:  # noqa: BLE001  torch.load's refusal, whatever its class
+    except Exception as exc:  # torch.load's refusal, whatever its class
         refused = type(exc).__name__
     dist.set_timeout(timedelta(seconds=77))
     from distcompat.collectives._group import group_timeout_s

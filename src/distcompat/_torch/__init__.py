@@ -13,8 +13,11 @@ The package imports torch and nothing of distcompat: it is the lowest layer.
 """
 
 from distcompat._torch._autograd import (
+    CROSS_THREAD_SHAPES,
     RecordFunctionFast,
+    begin_record,
     enable_record_function,
+    end_record,
     is_grad_enabled,
     profiler_enabled,
     set_grad_enabled,
@@ -37,6 +40,7 @@ from distcompat._torch._signatures import TorchReleaseError, parameters, require
 from distcompat._torch._trampoline import TrampolineUnknownError, trampoline_methods
 
 __all__ = [
+    "CROSS_THREAD_SHAPES",
     "INTERNALS",
     "AllgatherOptions",
     "Internal",
@@ -44,12 +48,14 @@ __all__ = [
     "TorchReleaseError",
     "TrampolineUnknownError",
     "backend_timeout_s",
+    "begin_record",
     "caller_files",
     "create_work_from_future",
     "default_group",
     "default_store",
     "enable_record_function",
     "end_coalescing",
+    "end_record",
     "internals_table",
     "is_grad_enabled",
     "parameters",

@@ -83,9 +83,7 @@ def begin(op: str, shown: Sequence[torch.Tensor]) -> Any:
         >>> end(begin("all_reduce", (torch.ones(2),)))
     """
     inputs = getattr(_shown, "tensors", None) or tuple(shown)
-    record = _torch.RecordFunctionFast(TITLES.get(op, f"gloo:{op}"), inputs, _PATH)
-    record.__enter__()
-    return record
+    return _torch.begin_record(TITLES.get(op, f"gloo:{op}"), inputs, _PATH)
 
 
 def end(record: Any) -> None:
@@ -94,7 +92,7 @@ def end(record: Any) -> None:
     Example:
         >>> end(begin("broadcast", ()))
     """
-    record.__exit__(None, None, None)
+    _torch.end_record(record)
 
 
 @contextlib.contextmanager

@@ -263,12 +263,13 @@ class ProtectedGroup(dist.ProcessGroup):
             gather(inputs[0], listed, None, self, True, group_dst=opts.rootRank), outputs
         )
 
-    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:
+    def gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Any:
         # torch 2.14+'s dist.gather_single calls it (its C++ has no trampoline for it)
         if _entry.inside():
             return self.backend.gather_single(output, input, opts)
-        root = opts.rootRank == self.rank()
-        work = gather_single(input, output if root else None, None, self, True, opts.rootRank)
+        dst = opts.rootRank if opts is not None else 0
+        root = dst == self.rank()
+        work = gather_single(input, output if root else None, None, self, True, group_dst=dst)
         return _handed(work, [output])
 
     def scatter(  # type: ignore[override]
