@@ -13,12 +13,18 @@
 #         --dispatch-calls 2000" bash tools/gpu_checks.sh attention   # issue 29: flex crossover
 #     bash tools/gpu_checks.sh env nanochat           # issue 29: distcompat vs direct SDPA training
 #     NANOCHAT_ARGS=--profile bash tools/gpu_checks.sh nanochat   # plus each variant's top kernels
+#     PYTHON=/venv-2.15/bin/python bash tools/gpu_checks.sh nccl2 tests demo   # issue 53: NCCL on
+#         # the torch that PYTHON has (2.15: ProcessGroupNCCL2): device bound without device_id,
+#         # Flight Recorder dumps where distcompat points them, diagnose reads them
+#
+# The torch tested is PYTHON's (the machine's python3 by default): the env step and every log
+# start with its version.
 set -u
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-STEPS=${*:-env tests caps demo collectives attention nanochat}
+STEPS=${*:-env nccl2 tests caps demo collectives attention nanochat}
 
 step() {  # step LOG LIMIT_S COMMAND...: run it, append to $OUT/LOG.log, say how it ended
     local name=$1 limit=$2 start rc
@@ -45,6 +51,10 @@ for name in ('fa2', 'fa3', 'fa4', 'flex'):
 PY
 $PY -m pip list 2>/dev/null | grep -i -E '^(flash|kernels|triton|torch |pytest|hypothesis)'"
         cat "$OUT/run.log"
+        ;;
+    nccl2)
+        step nccl2 120 "$PY" tools/gpu_nccl2.py
+        cat "$OUT/nccl2.log"
         ;;
     tests)
         step tests 200 "$PY" -m pytest -m cuda -p no:cacheprovider -q -rfEs --timeout 150
