@@ -88,6 +88,12 @@ INTERNALS: tuple[Internal, ...] = (
         missing="nothing yet: the collectives' hot path",
     ),
     Internal(
+        name="a profiler event ended on another thread (RecordFunctionFast)",
+        torch_has="kept with shapes 2.13+; dropped on 2.9",
+        used_by="begin_record, end_record",
+        missing="torch's future-end mechanism: the event kept, async, without shapes (said once)",
+    ),
+    Internal(
         name="PyProcessGroup.hpp (the trampoline's method names)",
         torch_has="c10d/ 2.9-2.13, c10d/py/ 2.14+",
         used_by="trampoline_methods",

@@ -110,8 +110,8 @@ def gather_single(
     if dst is None and group_dst is None:
         dst = 0
     views = None
-    if is_root(group, dst, group_dst):
-        world_size = group_size(group)
+    world_size = group_size(group)
+    if world_size == 1 or is_root(group, dst, group_dst):
         if gather_tensor is None:
             raise ValueError("gather_single: the destination rank needs a gather_tensor")
         if not gather_tensor.is_contiguous():

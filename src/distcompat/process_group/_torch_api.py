@@ -208,8 +208,8 @@ def monitored_barrier(
 def set_timeout(timeout: timedelta, group: Any | None = None) -> None:
     """Set ``group``'s timeout (the default group's without one) for the operations that follow.
 
-    torch 2.14's ``set_timeout``, on every release: distcompat's bounded waits, the watchdog's
-    bound and the group's backends all read the new value.
+    torch 2.14's ``set_timeout``, on every release: the group's backends and distcompat's
+    bounded waits (which read the group's own timeout) take the new value.
 
     Example:
         >>> set_timeout(timedelta(minutes=5))   # no group here: nothing to set
