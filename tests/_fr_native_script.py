@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -30,9 +31,8 @@ def main() -> None:
         dist.all_reduce(t, async_op=True)  # call 5: never completes
     elif mode == "mismatch":
         dist.broadcast(t, src=0, async_op=True)
-    dump = torch._C._distributed_c10d._dump_fr_trace(  # type: ignore[attr-defined]
-        includeCollectives=True, includeStackTraces=False, onlyActive=False
-    )
+    c10d: Any = torch._C._distributed_c10d  # the stubs of some releases lack the name
+    dump = c10d._dump_fr_trace(includeCollectives=True, includeStackTraces=False, onlyActive=False)
     (out / f"comm_lib_trace_rank_{rank}").write_bytes(dump)
     sys.stdout.flush()
     os._exit(0)

@@ -63,7 +63,7 @@ def with_torch() -> dict[str, Any]:
     said["backend"] = str(dist.get_backend())
     said["recorded"] = recorded() is not None
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)  # again
-    side = dist.new_group(backend="gloo")  # Lightning's, for its monitored_barrier
+    side: Any = dist.new_group(backend="gloo")  # Lightning's, for its monitored_barrier
     dist.monitored_barrier(side, timeout=timedelta(seconds=10))
     dist.monitored_barrier(timeout=timedelta(seconds=10))  # the protected group's
     total = torch.ones(3)

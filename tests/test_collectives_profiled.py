@@ -86,7 +86,7 @@ def test_each_collective_records_the_event_plain_gloo_records() -> None:
 
 
 def _first_call() -> list[Event]:
-    group = dist.new_group()  # protected, as the default group
+    group: Any = dist.new_group()  # protected, as the default group
     t = torch.ones(7, 3) * dist.get_rank()
     events = _events(lambda: dist.all_reduce(t, group=group))
     dist.destroy_process_group(group)

@@ -135,6 +135,7 @@ def _newest_functions() -> dict[str, object]:
     out = torch.empty(world, 3) if rank == 0 else None
     dist.gather_single(mine, out, dst=0)
     work = dist.gather_single(mine, out, group_dst=0, async_op=True)
+    assert work is not None
     work.wait()
     objects: list[object] = [None] * world
     dist.all_gather_object(objects, {"rank": rank, "t": torch.ones(2) * rank}, weights_only=True)
