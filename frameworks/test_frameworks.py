@@ -259,7 +259,11 @@ def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[st
     ran = _run(program, wrapped=True, env=env)
     end = _finished(ran)
     assert end is not None, ran.text[-4000:]  # report-only: the job completes
-    started = float(ran.said(1, "stall starts at"))
+    # printed with 3 decimals; another process's line may follow on the same line, unbroken
+    # (seen under accelerate launch on torch 2.9.1: "1796298609.075step ...")
+    printed = re.match(r"\d+\.\d{3}", ran.said(1, "stall starts at"))
+    assert printed is not None, ran.said(1, "stall starts at")
+    started = float(printed.group())
     named = re.compile(rf"rank 1\b.*_common\.py:{SLEEP_LINE}\b")
     when = [stamp for stamp, text in ran.lines if named.search(text)]
     assert when, ran.text[-4000:]
