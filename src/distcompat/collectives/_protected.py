@@ -358,8 +358,7 @@ class ProtectedGroup(dist.ProcessGroup):
     # The names torch 2.14+'s trampoline looks up besides the collectives (its C++ spelling for
     # recvAnysource). Each is what torch's own ProcessGroup does with a gloo backend: the
     # backend's call, made here rather than by C++ with the GIL held.
-    def recvAnysource(self, tensors: list[torch.Tensor], tag: int) -> Any:
-        return self.backend.recv_anysource(tensors, tag)
+    recvAnysource = recv_anysource
 
     def start_coalescing(self, device: torch.device) -> None:
         del device  # one backend, the CPU one

@@ -126,9 +126,7 @@ def gather_single(
                 f"rank(s) of {tensor.numel()} need {world_size * tensor.numel()}"
             )
         views = list(gather_tensor.view(world_size, *tensor.shape).unbind(0))
-    if async_op:
-        return gather(tensor, views, dst, group, async_op=True, group_dst=group_dst)
-    return gather(tensor, views, dst, group, async_op=False, group_dst=group_dst)
+    return gather(tensor, views, dst, group, async_op, group_dst)
 
 
 @overload
