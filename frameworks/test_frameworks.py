@@ -8,8 +8,8 @@ hostfile), Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once pla
 
 * the same bits: the final parameters' digest and the last loss are equal, and only the
   ``distcompat run`` run prints the rank-0 line;
-* a stalled rank (rank 1 sleeps 12 s in its step, ``DISTCOMPAT_WATCHDOG=2``) is named with its
-  line (``_common.py``'s ``time.sleep``) within the threshold + 8 s, and the job completes;
+* a stalled rank (rank 1 sleeps 6 s in its step, ``DISTCOMPAT_WATCHDOG=2``) is named with its
+  line (``_common.py``'s ``time.sleep``) while it is still stalled, and the job completes;
 * a killed rank (SIGKILL 1 s into a step, rank 0 waiting) is named: ``PeerLostError`` naming
   rank 1 (under ``mp.spawn``, what rank 0 could say before ``mp.spawn`` ended it: see below);
 * mismatched shapes (every rank all-reduces a new metric, of 6 and 7 elements) raise
@@ -54,7 +54,8 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2"]
 THRESHOLD_S = 2.0
-STALL_S = 12.0
+#: Long enough to be named inside it: reports came 2.2-3.0 s in (CI, 2 cores, torch 2.15).
+STALL_S = 6.0
 SLEEP_LINE = next(
     n for n, line in enumerate((HERE / "_common.py").read_text().splitlines(), 1)
     if "time.sleep(STALL_S)" in line
@@ -206,6 +207,8 @@ def _run(
 
 #: What torch's gloo exit race prints (see :func:`_finished`).
 EXIT_ABORT = "terminate called without an active exception"
+#: How each launcher reports the rank that abort ended: torchrun's agent, Open MPI's mpirun.
+ABORT_REPORTS = ("SIGABRT", "exited on signal 6 (Aborted)")
 
 
 def _finished(ran: Ran) -> str | None:
@@ -218,14 +221,17 @@ def _finished(ran: Ran) -> str | None:
     decref_pyobject`` -> ``take_gil`` -> ``pthread_exit``; pytorch PR 179291, abandoned). It ends
     a rank after it printed its results: the plain ``spawn_tcp.py`` did so in 11 of 40 runs on a
     2-core machine like CI's, 0 of 40 under ``distcompat run``; a fresh-clone CI run saw it once
-    more in the plain ``accelerate launch`` (torchrun) program. Such a run counts as
+    more in the plain ``accelerate launch`` (torchrun) program, and once in the plain ``accelerate
+    launch`` (mpirun) program on torch 2.15 (Open MPI says ``exited on signal 6 (Aborted)``
+    where torchrun's agent says ``SIGABRT``). Such a run counts as
     finished (its digests are compared) only when every rank printed its digest before the abort,
     and the table says so; any other failure fails the test.
     """
     if ran.returncode == 0:
         return ""
     printed = all(f"rank {rank}: digest " in ran.text for rank in (0, 1))
-    if printed and EXIT_ABORT in ran.text and "SIGABRT" in ran.text:
+    aborted = any(said in ran.text for said in ABORT_REPORTS)
+    if printed and EXIT_ABORT in ran.text and aborted:
         return "torch's exit abort"
     return None
 
@@ -268,7 +274,7 @@ def test_a_stalled_rank_is_named_at_its_line(program: str, launcher_env: dict[st
     when = [stamp for stamp, text in ran.lines if named.search(text)]
     assert when, ran.text[-4000:]
     after = when[0] - started
-    assert after <= THRESHOLD_S + 8, after
+    assert after <= STALL_S, after  # named while rank 1 is still in its stall
     cell = f"{after:.1f} s ({end})" if end else f"{after:.1f} s"
     TABLE.setdefault(program, {})["stall named after"] = cell
 
