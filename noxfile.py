@@ -1,9 +1,10 @@
 """Tooling as code: every check this project runs, one nox session each.
 
     nox                      # the default run: every session on the newest torch (2.15.0), then
-                             # tests, comparisons, frameworks and the demo on the oldest
-                             # supported (2.9.1)
+                             # tests, endtoend, comparisons, frameworks and the demo on
+                             # the oldest supported (2.9.1)
     nox -s "tests(newest)"   # one session on one release ("tests(floor)": on 2.9.1)
+    nox -s endtoend          # the end-to-end tests (marked slow): real rank processes, torchrun
     nox -s launchers -- --only mpich   # one launcher (tools/launchers/run.py's options)
     nox -s build             # sdist + wheel, twine check, the README quickstart from the wheel
     nox -s tests_cuda        # CUDA/NCCL tests; skips cleanly without a GPU
@@ -13,7 +14,7 @@
                              # under distcompat run
     nox -s soak              # the comparisons, 20 times over (races)
     nox -s anysize           # runs at world sizes 1-4 and across resizes, bit for bit
-    nox -s torch_versions    # tests, comparisons, frameworks, demo on 2.13.0 and 2.14.1 (by hand)
+    nox -s torch_versions    # the floor's sessions on 2.13.0 and 2.14.1 (by hand)
 
 One virtual environment per torch release (``.nox/torch-<release>``), made by the first session
 that needs it and shared by every session that tests that release: torch (a CUDA build of
@@ -42,12 +43,13 @@ FLOOR = "2.9.1"
 #: Between the two, run by hand (``nox -s torch_versions``).
 BY_HAND = ["2.13.0", "2.14.1"]
 #: The sessions the default run also gives the floor release.
-FLOOR_RUN = ["tests", "comparisons", "frameworks", "demo"]
+FLOOR_RUN = ["tests", "endtoend", "comparisons", "frameworks", "demo"]
 RELEASES = {"newest": NEWEST, "floor": FLOOR}
 
 nox.options.sessions = [
-    "tests(newest)", "matrix", "comparisons(newest)", "anysize", "hostile", "conformance",
-    "lint", "typing", "docs", "launchers", "build", "frameworks(newest)", "demo(newest)",
+    "tests(newest)", "endtoend(newest)", "matrix", "comparisons(newest)", "anysize", "hostile",
+    "conformance", "lint", "typing", "docs", "launchers", "build", "frameworks(newest)",
+    "demo(newest)",
     *(f"{name}(floor)" for name in FLOOR_RUN),
 ]  # fmt: skip
 nox.options.default_venv_backend = "venv"
@@ -136,13 +138,24 @@ COMPARED = [
 ]
 
 
+#: What the suite's own sessions take out of ``tests`` and ``endtoend`` (``-m`` replaces
+#: pyproject's): the plain-gloo comparisons, the runs at several world sizes, the hostile
+#: conditions, and CUDA.
+ELSEWHERE = "not cuda and not plain_gloo and not anysize and not hostile"
+
+
 def run_tests(session: nox.Session, env: TorchEnv) -> None:
-    # -m replaces pyproject's: the plain-gloo comparisons, the runs at several world sizes and
-    # the hostile conditions run in their own sessions; --durations: the slowest items, to keep
-    # the session under its 8-minute goal
+    # the end-to-end tests (marked slow) have their own session; --durations: the slowest items,
+    # to keep the session under its 8-minute goal
     ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
-    env.run(session, "pytest", "-m", "not cuda and not plain_gloo and not anysize and not hostile",
-            *ignored, "--durations=15", *session.posargs)  # fmt: skip
+    env.run(session, "pytest", "-m", f"{ELSEWHERE} and not slow", *ignored, "--durations=15",
+            *session.posargs)  # fmt: skip
+
+
+def run_endtoend(session: nox.Session, env: TorchEnv) -> None:
+    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
+    env.run(session, "pytest", "-m", f"{ELSEWHERE} and slow", *ignored, "-q", "--durations=10",
+            "-p", "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
 def run_comparisons(session: nox.Session, env: TorchEnv) -> None:
@@ -165,8 +178,17 @@ def run_demo(session: nox.Session, env: TorchEnv) -> None:
 @nox.session(python=False)
 @nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
 def tests(session: nox.Session, release: str) -> None:
-    """The whole test suite on gloo multi-process groups (no GPU needed)."""
+    """The test suite on gloo multi-process groups (no GPU needed), but for the end-to-end tests
+    (``endtoend``) and the sessions of their own below."""
     run_tests(session, torch_env(session, release_of(release)))
+
+
+@nox.session(python=False)
+@nox.parametrize("release", list(RELEASES), ids=list(RELEASES))
+def endtoend(session: nox.Session, release: str) -> None:
+    """The tests marked ``slow``: fresh rank processes, torchrun and the demo, started for real
+    and waited on to the end (exits, kills, late ranks, stalls, restarts)."""
+    run_endtoend(session, torch_env(session, release_of(release)))
 
 
 @nox.session(python=False)
@@ -265,10 +287,11 @@ def demo(session: nox.Session, release: str) -> None:
 @nox.session(python=False)
 @nox.parametrize("version", BY_HAND)
 def torch_versions(session: nox.Session, version: str) -> None:
-    """tests, comparisons, frameworks and the demo on a release between the floor and the newest
-    (by hand: each is a CUDA build of several GB)."""
+    """tests, endtoend, comparisons, frameworks and the demo on a release between the floor and
+    the newest (by hand: each is a CUDA build of several GB)."""
     env = torch_env(session, f"torch=={version}", packages=[LIGHTNING, ACCELERATE])
     run_tests(session, env)
+    run_endtoend(session, env)
     run_comparisons(session, env)
     run_frameworks(session, env)
     run_demo(session, env)

@@ -2,9 +2,10 @@
 
 The programs under ``frameworks/`` are plain PyTorch (and Lightning) programs that never import
 distcompat; ``frameworks/test_frameworks.py`` runs each with and without ``distcompat run``.
-``FAULT`` picks what happens at step 3: ``stall`` (rank 1 sleeps ``STALL_S``, 20 by default),
-``kill`` (rank 1 SIGKILLs itself 1 s into the step, while rank 0 waits in a collective) or
-``mismatch`` (every rank all-reduces a new metric whose length differs between ranks).
+``FAULT`` picks what goes wrong, one or more of (comma-separated): ``stall`` (at step 3 rank 1
+sleeps ``STALL_S``, 20 by default), ``kill`` (at step 3 rank 1 SIGKILLs itself 1 s into the
+step, while rank 0 waits in a collective), ``mismatch`` (at step 4 every rank all-reduces a
+metric whose length differs between ranks).
 """
 
 from __future__ import annotations
@@ -16,26 +17,29 @@ import time
 
 import torch
 
-FAULT = os.environ.get("FAULT", "")
+FAULTS = frozenset(name for name in os.environ.get("FAULT", "").split(",") if name)
 STALL_S = float(os.environ.get("STALL_S", "20"))
+#: The step whose metric has another length on each rank under ``mismatch``: after the stall's.
+MISMATCH_STEP = 4
 
 
 def fault(rank: int, step: int, all_reduce: object = None) -> None:
-    """At step 3 on rank 1, do what ``FAULT`` says (see the module docstring)."""
-    if rank != 1 or step != 3 or not FAULT:
+    """At step 3 on rank 1, stall or die as ``FAULT`` says (see the module docstring)."""
+    if rank != 1 or step != 3:
         return
-    if FAULT == "stall":
+    if "stall" in FAULTS:
         print(f"rank {rank}: stall starts at {time.time():.3f}", flush=True)
         time.sleep(STALL_S)  # the stalled line a report must name
-    elif FAULT == "kill":
+    if "kill" in FAULTS:
         time.sleep(1)  # rank 0 is in the step's first collective by now
         print(f"rank {rank}: killing itself at {time.time():.3f}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 def shapes_for(rank: int, step: int) -> int:
-    """The length of the metric this rank all-reduces: 4; at step 3 of ``mismatch``, 6 + rank."""
-    return 6 + rank if FAULT == "mismatch" and step == 3 else 4
+    """The length of the metric this rank all-reduces: 4; at ``MISMATCH_STEP`` of ``mismatch``,
+    6 + rank."""
+    return 6 + rank if "mismatch" in FAULTS and step == MISMATCH_STEP else 4
 
 
 def digest(tensors: list[torch.Tensor]) -> str:

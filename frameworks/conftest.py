@@ -6,7 +6,7 @@ import pytest
 
 #: program -> column -> what the run showed (filled by test_frameworks.py).
 TABLE: dict[str, dict[str, str]] = {}
-COLUMNS = ["bits plain vs run", "stall named after", "killed rank", "mismatch"]
+COLUMNS = ["bits plain vs run", "stall named after", "then a mismatch", "killed rank"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -131,6 +131,7 @@ def _where(root: Path, new: set[str]) -> str:
     return "between saves or after commit"
 
 
+@pytest.mark.slow
 def test_sigkill_during_directory_saves(tmp_path: Path, zygote_factory: type[Zygote]) -> None:
     root = tmp_path / "ckpt"
     rng = random.Random(1234)
@@ -175,6 +176,7 @@ def test_sigkill_during_directory_saves(tmp_path: Path, zygote_factory: type[Zyg
     assert outcomes["between saves or after commit"] < DIR_KILLS, "no kill landed inside a save"
 
 
+@pytest.mark.slow
 def test_sigkill_during_atomic_save(tmp_path: Path, zygote_factory: type[Zygote]) -> None:
     target = tmp_path / "model.pt"
     rng = random.Random(4321)

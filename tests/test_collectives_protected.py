@@ -45,6 +45,7 @@ def _line_of(text: str, nth: int = 1) -> int:
 
 
 @SHM
+@pytest.mark.slow
 def test_a_ddp_stall_is_reported_naming_the_rank_and_the_job_completes(shm: str) -> None:
     """rank 1 sleeps 7 s inside a DDP loop; the 2 s watchdog names it and its line; both finish."""
     env = {"DISTCOMPAT_WATCHDOG": "2", "DISTCOMPAT_SHM": shm}
@@ -58,6 +59,7 @@ def test_a_ddp_stall_is_reported_naming_the_rank_and_the_job_completes(shm: str)
     assert calls >= 6 if shm == "auto" else calls == 0
 
 
+@pytest.mark.slow
 def test_a_group_torch_made_is_adopted_with_its_store() -> None:
     """``torch.distributed.init_process_group("gloo")``, then ``init_distributed()``: a rank late
     to a distcompat all_reduce (7 s) is named with its line, from the other rank's report too."""
@@ -71,6 +73,7 @@ def test_a_group_torch_made_is_adopted_with_its_store() -> None:
 
 
 @SHM
+@pytest.mark.slow
 def test_a_killed_ddp_peer_is_named_as_lost_not_a_crash(shm: str) -> None:
     """rank 1 is SIGKILLed between DDP steps: rank 0 ends with an error naming PeerLostError and
     rank 1, promptly, never with SIGSEGV (torch 2.13's reducer crashes on a future that failed in
@@ -84,6 +87,7 @@ def test_a_killed_ddp_peer_is_named_as_lost_not_a_crash(shm: str) -> None:
     assert re.search(r"PeerLostError: all_reduce: a peer process went away \(rank 1\)", said)
 
 
+@pytest.mark.slow
 def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None:
     """Raw torch on 2 ranks: a mismatched all_reduce raises CollectiveMismatchError on both; a
     compiled functional all_reduce is one graph (fullgraph) with the right sum; a DCP save made

@@ -39,6 +39,7 @@ def torch_dumps(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_diagnose_names_the_rank_that_did_not_join(
     torch_dumps: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -51,6 +52,7 @@ def test_diagnose_names_the_rank_that_did_not_join(
     assert "rank 0: newest #5 gloo:all_reduce(Float[4]) scheduled on group 0" in text
 
 
+@pytest.mark.slow
 def test_diagnose_names_the_call_ranks_disagree_on(
     torch_dumps: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -62,6 +64,7 @@ def test_diagnose_names_the_call_ranks_disagree_on(
     assert "did not join" not in text
 
 
+@pytest.mark.slow
 def test_torch_dumps_beside_distcompat_dumps_are_both_read(
     torch_dumps: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

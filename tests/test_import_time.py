@@ -58,6 +58,7 @@ def test_bare_import_pulls_in_no_subpackage() -> None:
     assert loaded == []
 
 
+@pytest.mark.slow
 def test_every_public_name_resolves() -> None:
     missing = _fresh(
         "import json, distcompat; "
@@ -68,6 +69,7 @@ def test_every_public_name_resolves() -> None:
         assert getattr(distcompat, name) is not None, name
 
 
+@pytest.mark.slow
 def test_from_import_and_first_call_work() -> None:
     assert _fresh(
         "import json; from distcompat import init_distributed, LaunchEnv, attend; "
@@ -77,6 +79,7 @@ def test_from_import_and_first_call_work() -> None:
     )
 
 
+@pytest.mark.slow
 def test_subpackages_reachable_as_attributes() -> None:
     assert _fresh("import json, distcompat; print(json.dumps(distcompat.launch.__name__))") == (
         "distcompat.launch"
@@ -106,6 +109,7 @@ def test_table_imports_and_all_agree() -> None:
     assert set(exports) | {"__version__"} == set(distcompat.__all__)
 
 
+@pytest.mark.slow
 def test_init_distributed_is_reached_without_the_collectives() -> None:
     loaded = _fresh(
         "import json, sys, distcompat, distcompat.process_group; distcompat.init_distributed; "

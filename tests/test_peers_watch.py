@@ -36,6 +36,7 @@ def _seen_after_kill(output: str, directory: Path) -> float:
     return _watch.read_clock(match.group(2), near=killed) - killed
 
 
+@pytest.mark.slow
 def test_a_killed_peer_is_named_within_100_ms_and_the_wait_raises_peer_lost(
     tmp_path: Path,
 ) -> None:
@@ -47,6 +48,7 @@ def test_a_killed_peer_is_named_within_100_ms_and_the_wait_raises_peer_lost(
 
 
 @pytest.mark.parametrize("scenario", ["kill", "raise"])
+@pytest.mark.slow
 def test_under_torchrun_the_line_comes_before_the_agent_stops_the_survivor(
     scenario: str, tmp_path: Path
 ) -> None:
@@ -82,6 +84,7 @@ def ended_on_purpose(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list
         return {scenario: future.result() for scenario, future in futures.items()}
 
 
+@pytest.mark.slow
 def test_an_exception_that_ends_a_peer_is_told_to_the_survivor(
     ended_on_purpose: dict[str, list[Ended]],
 ) -> None:
@@ -98,6 +101,7 @@ def test_an_exception_that_ends_a_peer_is_told_to_the_survivor(
     assert f"rank 1 {why}" in raised
 
 
+@pytest.mark.slow
 def test_a_peer_that_leaves_on_purpose_is_not_reported(
     ended_on_purpose: dict[str, list[Ended]],
 ) -> None:

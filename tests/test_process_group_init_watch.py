@@ -87,6 +87,7 @@ def _first_report(output: str) -> tuple[int, str, str]:
     return int(match.group(1)), match.group(2), match.group(3)
 
 
+@pytest.mark.slow
 def test_a_late_rank_is_named_in_the_rendezvous_and_the_job_goes_on(ran: dict[str, Any]) -> None:
     ranks = ran["late"]
     assert [r.returncode for r in ranks] == [0, 0, 0], [r.stderr[-2000:] for r in ranks]
@@ -98,6 +99,7 @@ def test_a_late_rank_is_named_in_the_rendezvous_and_the_job_goes_on(ran: dict[st
     assert all(f"rank {r}: sum 3" in ranks[r].stdout for r in range(3))
 
 
+@pytest.mark.slow
 def test_under_torchrun_a_late_rank_is_named(ran: dict[str, Any]) -> None:
     done = ran["torchrun"]
     assert done.returncode == 0, done.stderr[-3000:]
@@ -106,6 +108,7 @@ def test_under_torchrun_a_late_rank_is_named(ran: dict[str, Any]) -> None:
     assert (phase, said.split(" (")[0]) == ("rendezvous", "rank 1 has not arrived")
 
 
+@pytest.mark.slow
 def test_torchs_own_rendezvous_is_reported_by_phase(ran: dict[str, Any]) -> None:
     """tcp:// is torch's rendezvous: distcompat knows no store to read arrivals from."""
     ranks = ran["tcp"]
@@ -116,6 +119,7 @@ def test_torchs_own_rendezvous_is_reported_by_phase(ran: dict[str, Any]) -> None
     assert said == "not every rank has come (which ones: unknown here)"
 
 
+@pytest.mark.slow
 def test_a_store_that_is_not_up_is_reported_with_its_address(ran: dict[str, Any]) -> None:
     port, line = ran["no-store"]
     match = re.search(r"rank 1 has waited (\d+)s in init, in the store connection: (.*)", line)

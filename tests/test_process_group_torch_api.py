@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from _rank_processes import Ended, run_ranks
 
 SCRIPT = Path(__file__).with_name("_signature_script.py")
@@ -36,6 +38,7 @@ def _outcomes(api: str, world: int, tmp_path: Path) -> dict[int, dict[str, str]]
     return said
 
 
+@pytest.mark.slow
 def test_every_signature_torch_accepts_makes_the_same_group(tmp_path: Path) -> None:
     """Explicit rank / world_size / init_method / store beat the environment (torch's harness
     exports WORLD_SIZE and no RANK; a contradicting RANK), env://, tcp:// without any launcher

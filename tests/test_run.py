@@ -87,6 +87,7 @@ def test_isolated_ignore_env_and_no_site_skip_the_bootstrap(flag: str) -> None:
     assert said["finder"] is False
 
 
+@pytest.mark.slow
 def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> None:
     """Every holder of the names (device_mesh's by-name import too) is patched; gloo makes the
     protected group, a second init is quiet, Lightning's side group and monitored_barrier and
@@ -113,6 +114,7 @@ def test_torchs_init_is_the_drop_in_for_gloo_and_torchs_for_other_backends() -> 
     assert f"{RUN_VARIABLE}=off" in lines[0]
 
 
+@pytest.mark.slow
 def test_a_late_install_patches_the_names_torch_already_handed_out() -> None:
     environ = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
@@ -172,6 +174,7 @@ def test_the_drop_in_takes_every_parameter_torchs_init_has_here() -> None:
         assert drop_in[name].default == parameter.default, name
 
 
+@pytest.mark.slow
 def test_torchs_init_with_the_newest_parameters_runs_under_distcompat_run() -> None:
     """torch's init spelled out with every parameter at its default is the drop-in's (the
     protected group); ``enable_reconfigure=True`` (torch 2.14+) is torch's reconfigurable gloo

@@ -30,6 +30,7 @@ def _run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_script_without_main_guard_is_told_to_add_one(tmp_path: Path) -> None:
     done = _run_script(
         tmp_path,
@@ -46,6 +47,7 @@ def test_script_without_main_guard_is_told_to_add_one(tmp_path: Path) -> None:
     assert "user_script.py (line 5)" in done.stderr
 
 
+@pytest.mark.slow
 def test_script_with_main_guard_runs(tmp_path: Path) -> None:
     done = _run_script(
         tmp_path,
@@ -88,6 +90,7 @@ def test_a_call_outside_every_guard_is_found() -> None:
     assert not _guarded(tree, 5)
 
 
+@pytest.mark.slow
 def test_function_defined_under_the_guard_is_explained(tmp_path: Path) -> None:
     done = _run_script(
         tmp_path,
@@ -107,6 +110,7 @@ def test_function_defined_under_the_guard_is_explained(tmp_path: Path) -> None:
     assert "define it at module level" in done.stderr
 
 
+@pytest.mark.slow
 def test_import_error_in_the_rank_is_relayed(tmp_path: Path) -> None:
     done = _run_script(
         tmp_path,
