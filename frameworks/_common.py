@@ -2,10 +2,11 @@
 
 The programs under ``frameworks/`` are plain PyTorch (and Lightning) programs that never import
 distcompat; ``frameworks/test_frameworks.py`` runs each with and without ``distcompat run``.
-``FAULT`` picks what goes wrong, one or more of (comma-separated): ``stall`` (at step 3 rank 1
-sleeps ``STALL_S``, 20 by default), ``kill`` (at step 3 rank 1 SIGKILLs itself 1 s into the
-step, while rank 0 waits in a collective), ``mismatch`` (at step 4 every rank all-reduces a
-metric whose length differs between ranks).
+``FAULT`` picks what goes wrong at step 3 (the last of the shortest program), one or more of
+(comma-separated): ``stall`` (rank 1 sleeps ``STALL_S``, 20 by default, as the step begins),
+``kill`` (rank 1 SIGKILLs itself 1 s into the step, while rank 0 waits in a collective),
+``mismatch`` (every rank all-reduces the step's metric with a length that differs between
+ranks; after the stall, where both are asked for).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import torch
 
 FAULTS = frozenset(name for name in os.environ.get("FAULT", "").split(",") if name)
 STALL_S = float(os.environ.get("STALL_S", "20"))
-#: The step whose metric has another length on each rank under ``mismatch``: after the stall's.
-MISMATCH_STEP = 4
+#: The step whose metric has another length on each rank under ``mismatch`` (the stall's).
+MISMATCH_STEP = 3
 
 
 def fault(rank: int, step: int, all_reduce: object = None) -> None:

@@ -10,15 +10,16 @@ hostfile), Open MPI's ``mpirun`` and Slurm's ``srun`` where installed), once pla
   ``distcompat run`` run prints the rank-0 line;
 * a stall, then a mismatch, in one job: a stalled rank (rank 1 sleeps 6 s in step 3,
   ``DISTCOMPAT_WATCHDOG=2``) is named with its line (``_common.py``'s ``time.sleep``) while it
-  is still stalled, and the report ends nothing: in step 4 the ranks all-reduce a metric of 6
-  and 7 elements, which raises ``CollectiveMismatchError`` on the ranks;
+  is still stalled, and the report ends nothing: later in that step the ranks all-reduce a
+  metric of 6 and 7 elements, which raises ``CollectiveMismatchError`` on the ranks;
 * a killed rank (SIGKILL 1 s into a step, rank 0 waiting) is named: ``PeerLostError`` naming
   rank 1 (under ``mp.spawn``, what rank 0 could say before ``mp.spawn`` ended it: see below).
 
-torchrun runs with ``--monitor-interval=1`` in the kill case (``accelerate launch``, which runs
-torchrun's agent in its own process, with ``--monitor_interval 1``): with its default (0.1 s) the
+torchrun runs with ``--monitor-interval=3`` in the kill case (``accelerate launch``, which runs
+torchrun's agent in its own process, with ``--monitor_interval 3``): with its default (0.1 s) the
 agent SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
-watch's ``rank 1 ... ended`` line comes within 15 ms). ``mp.spawn`` and ``mpirun`` end the other
+watch's ``rank 1 ... ended`` line comes within 15 ms); with 1 s, its poll came 0.28 s after the
+death once (torch 2.15, 2 cores), before rank 0's ``PeerLostError`` was out. ``mp.spawn`` and ``mpirun`` end the other
 ranks as soon as one dies: rank 0 gets out the peer watch's line at most; the table says which.
 
 Accelerate (1.15) has no multi-CPU flag for one machine: ``accelerate launch --cpu
@@ -54,6 +55,8 @@ HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 TORCHRUN = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2"]
 THRESHOLD_S = 2.0
+#: torchrun's agent poll in the kill case: long enough for rank 0's error to come out first.
+MONITOR_S = 3
 #: Long enough to be named inside it: reports came 2.2-3.0 s in (CI, 2 cores, torch 2.15).
 STALL_S = 6.0
 SLEEP_LINE = next(
@@ -125,10 +128,10 @@ def launcher_env(program: str, request: pytest.FixtureRequest, tmp_path: Path) -
 
 
 def _command(program: str, kill: bool = False) -> list[str]:
-    torchrun = [*TORCHRUN, "--monitor-interval=1"] if kill else TORCHRUN
+    torchrun = [*TORCHRUN, f"--monitor-interval={MONITOR_S}"] if kill else TORCHRUN
     accelerate, script = [*ACCELERATE, str(_free_port())], str(HERE / "accelerate_cpu.py")
     if program == ACCELERATE_TORCHRUN:  # the two launches: the module docstring
-        monitor = ["--monitor_interval", "1"] if kill else []
+        monitor = ["--monitor_interval", str(MONITOR_S)] if kill else []
         return [*accelerate, "--multi_gpu", *monitor, script]
     if program == ACCELERATE_MPIRUN:
         hostfile = str(HERE / "accelerate_hostfile")
@@ -263,7 +266,8 @@ def test_a_stalled_rank_is_named_at_its_line_and_a_later_mismatch_raises(
     program: str, launcher_env: dict[str, str]
 ) -> None:
     """One job, two faults (one launch instead of two): the stall's report is report-only, so
-    the job reaches step 4, whose mismatched shapes end it with ``CollectiveMismatchError``."""
+    the job goes on to the metric of that step, whose mismatched shapes end it with
+    ``CollectiveMismatchError``."""
     env = {"FAULT": "stall,mismatch", "STALL_S": str(STALL_S),
            "DISTCOMPAT_WATCHDOG": str(THRESHOLD_S)}  # fmt: skip
     env.update(launcher_env)
@@ -279,7 +283,7 @@ def test_a_stalled_rank_is_named_at_its_line_and_a_later_mismatch_raises(
     after = when[0] - started
     assert after <= STALL_S, after  # named while rank 1 is still in its stall
     TABLE.setdefault(program, {})["stall named after"] = f"{after:.1f} s"
-    # the job went on past the stall, to the mismatch of step 4
+    # the job went on past the stall, to the mismatched metric after it
     assert ran.returncode not in (0, None), ran.text[-4000:]
     assert "CollectiveMismatchError" in ran.text, ran.text[-4000:]
     TABLE.setdefault(program, {})["then a mismatch"] = "CollectiveMismatchError"
