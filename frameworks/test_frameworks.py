@@ -19,8 +19,9 @@ torchrun runs with ``--monitor-interval=3`` in the kill case (``accelerate launc
 torchrun's agent in its own process, with ``--monitor_interval 3``): with its default (0.1 s) the
 agent SIGTERMs rank 0 about 0.1 s after rank 1's death, before the error reaches Python (the peer
 watch's ``rank 1 ... ended`` line comes within 15 ms); with 1 s, its poll came 0.28 s after the
-death once (torch 2.15, 2 cores), before rank 0's ``PeerLostError`` was out. ``mp.spawn`` and ``mpirun`` end the other
-ranks as soon as one dies: rank 0 gets out the peer watch's line at most; the table says which.
+death once (torch 2.15, 2 cores), before rank 0's ``PeerLostError`` was out. ``mp.spawn`` and
+``mpirun`` end the other ranks as soon as one dies: rank 0 gets out the peer watch's line at
+most; the table says which.
 
 Accelerate (1.15) has no multi-CPU flag for one machine: ``accelerate launch --cpu
 --num_processes 2`` starts a single process, and ``--multi_gpu`` without ``Accelerator(cpu=True)``
