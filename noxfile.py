@@ -142,6 +142,8 @@ COMPARED = [
 #: pyproject's): the plain-gloo comparisons, the runs at several world sizes, the hostile
 #: conditions, and CUDA.
 ELSEWHERE = "not cuda and not plain_gloo and not anysize and not hostile"
+#: ``MATRIX`` left out of ``tests`` and ``endtoend`` (it has its own session).
+NOT_MATRIX = [arg for path in MATRIX for arg in ("--ignore", path)]
 
 
 def run_tests(session: nox.Session, env: TorchEnv) -> None:
@@ -150,14 +152,12 @@ def run_tests(session: nox.Session, env: TorchEnv) -> None:
     # took 3.8 minutes where one took 4.6 (torch 2.15, 2 cores); the end-to-end ones keep 2
     # cores 70 % busy alone and run in one process. --durations: the slowest items, to keep the
     # session under its 8-minute goal
-    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
-    env.run(session, "pytest", "-n", "2", "-m", f"{ELSEWHERE} and not slow", *ignored,
+    env.run(session, "pytest", "-n", "2", "-m", f"{ELSEWHERE} and not slow", *NOT_MATRIX,
             "--durations=15", *session.posargs)  # fmt: skip
 
 
 def run_endtoend(session: nox.Session, env: TorchEnv) -> None:
-    ignored = [arg for path in MATRIX for arg in ("--ignore", path)]
-    env.run(session, "pytest", "-m", f"{ELSEWHERE} and slow", *ignored, "-q", "--durations=10",
+    env.run(session, "pytest", "-m", f"{ELSEWHERE} and slow", *NOT_MATRIX, "-q", "--durations=10",
             "-p", "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
