@@ -18,13 +18,16 @@
 
 One virtual environment per torch release (``.nox/torch-<release>``), made by the first session
 that needs it and shared by every session that tests that release: torch (a CUDA build of
-several GB from 2.14 on) is installed once per release, not once per session. Every install
+several GB from 2.14 on) is installed once per release, not once per session, and pip runs
+again only for what the environment lacks (``_installed``). Every install
 names torch exactly, so pip can never swap it; the project machines' pip configuration caps
 torch at the 2.14.1 on their disk, which every install here lifts (``PIP_CONSTRAINT``).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import shutil
@@ -107,10 +110,51 @@ def torch_env(session: nox.Session, torch: str, extras: Sequence[str] = ("tests"
             session.error(f"no python{PYTHON} on PATH: the torch wheels here are built for it")
         session.run(python, "-m", "venv", str(env.path), external=True)
     target = f".[{','.join(extras)}]" if extras else "."
-    session.run(str(env.bin / "python"), "-m", "pip", "install", "-q", torch, "-e", target,
-                *packages, external=True)  # fmt: skip
+    wanted = [torch, f"-e {target}", *packages]
+    stamp = env.path / "distcompat-installed.json"
+    had = _installed(stamp)
+    if set(wanted) <= had:
+        session.log(f"{env.path.name} has {', '.join(wanted)} (this pyproject): no pip run")
+    else:
+        session.run(str(env.bin / "python"), "-m", "pip", "install", "-q", torch, "-e", target,
+                    *packages, external=True)  # fmt: skip
+        _stamp(stamp, had | set(wanted))
     env.run(session, "python", "-c", "import torch; print('torch', torch.__version__)")
     return env
+
+
+#: What an editable install takes from the tree (metadata, dependencies, the version): a change
+#: to any of them re-runs pip in a shared environment.
+INSTALL_INPUTS = ("pyproject.toml", "src/distcompat/_version.py")
+
+
+def _inputs_digest() -> str:
+    digest = hashlib.sha256()
+    for name in INSTALL_INPUTS:
+        digest.update((ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _installed(stamp: Path) -> set[str]:
+    """The requirements installed in a shared environment from this tree's install inputs.
+
+    A shared environment's later sessions re-ran ``pip install`` for what the first one had
+    installed: about 13 s each (pip rebuilds the editable wheel), 3 minutes over a default
+    run. The stamp holds what was installed and the digest of :data:`INSTALL_INPUTS`; a changed
+    input, or a requirement not in it, runs pip.
+    """
+    try:
+        recorded = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(recorded, dict) or recorded.get("inputs") != _inputs_digest():
+        return set()
+    return {str(name) for name in recorded.get("installed", [])}
+
+
+def _stamp(stamp: Path, installed: set[str]) -> None:
+    record = {"inputs": _inputs_digest(), "installed": sorted(installed)}
+    stamp.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def release_of(name: str) -> str:
@@ -149,16 +193,18 @@ NOT_MATRIX = [arg for path in MATRIX for arg in ("--ignore", path)]
 def run_tests(session: nox.Session, env: TorchEnv) -> None:
     # the end-to-end tests (marked slow) have their own session. -n 2: these tests leave about
     # half of 2 cores idle (they wait on timers and on rank processes), and two pytest workers
-    # took 3.8 minutes where one took 4.6 (torch 2.15, 2 cores); the end-to-end ones keep 2
-    # cores 70 % busy alone and run in one process. --durations: the slowest items, to keep the
-    # session under its 8-minute goal
+    # took 3.8 minutes where one took 4.6 (torch 2.15, 2 cores). --durations: the slowest
+    # items, to keep the session under its 8-minute goal
     env.run(session, "pytest", "-n", "2", "-m", f"{ELSEWHERE} and not slow", *NOT_MATRIX,
             "--durations=15", *session.posargs)  # fmt: skip
 
 
 def run_endtoend(session: nox.Session, env: TorchEnv) -> None:
-    env.run(session, "pytest", "-m", f"{ELSEWHERE} and slow", *NOT_MATRIX, "-q", "--durations=10",
-            "-p", "no:cacheprovider", *session.posargs)  # fmt: skip
+    # -n 2 as well: alone they keep 2 cores 70 % busy, and two workers took 5.2 minutes where
+    # one took 6.3 (torch 2.15, 71 passed). Not the matrix: its fixture runs six cases at a time
+    # already, and two workers each running it timed out every case
+    env.run(session, "pytest", "-n", "2", "-m", f"{ELSEWHERE} and slow", *NOT_MATRIX, "-q",
+            "--durations=10", "-p", "no:cacheprovider", *session.posargs)  # fmt: skip
 
 
 def run_comparisons(session: nox.Session, env: TorchEnv) -> None:

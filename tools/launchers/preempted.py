@@ -4,7 +4,8 @@
     print(f"launcher openmpi-preempt-one-rank: {verdict.line}")
 
 Each runs ``elastic_train.py --preempt`` (a ``distcompat.preemption.Preemption`` asked each
-step) under a real launcher, first uninterrupted, then told to stop, then brought back; it
+step) under a real launcher, told to stop, then brought back (the uninterrupted run it is
+compared with is the session's one, ``elastic.uninterrupted``); it
 passes when both ranks' stop reports name the same step and the exit the signal asks for
 (``128 + signum``), the run that comes back resumes after exactly that step, and from there on
 it matches the uninterrupted run (``elastic.judge_resumed``: the losses and the final
@@ -51,6 +52,7 @@ from elastic import (
     srun_head,
     start_script,
     torchrun_head,
+    uninterrupted,
 )
 from verdict import Verdict
 
@@ -137,11 +139,10 @@ def _told_and_rerun(
     ``SIGNAL_AFTER``; then the same command again. ``suffix``: what the launcher adds to the
     run's tag (torchrun: ``-0``)."""
     started = time.monotonic()
-    plain_out, out = ctx.work / "uninterrupted", ctx.work / "preempted"
-    plain = launch(ctx, plain_out, head, "--preempt", run="plain")
-    plain_s = time.monotonic() - started
-    if plain.returncode != 0:
-        return _fail(f"uninterrupted run: exit {plain.returncode}: {plain.tail()}", started)
+    plain = uninterrupted(ctx, head)
+    if isinstance(plain, Verdict):
+        return plain
+    out = ctx.work / "preempted"
     job = start_script(ctx, out, head, "--preempt", "--step-s", STEP_S, run="first")
     if not _reached(out, "first" + suffix, SIGNAL_AFTER, job, ctx.timeout / 2):
         first = procs.wait(job, 0)
@@ -163,7 +164,7 @@ def _told_and_rerun(
     if rerun.returncode != 0:
         return _fail(f"re-run: exit {rerun.returncode}: {rerun.tail()}", started)
     return judge_resumed(
-        plain_out,
+        plain,
         out,
         run="rerun" + suffix,
         resumed_after=step,
@@ -173,7 +174,6 @@ def _told_and_rerun(
         ),
         how="the same command again",
         seconds=time.monotonic() - started,
-        plain_s=plain_s,
     )
 
 
@@ -262,11 +262,10 @@ def _job_fields(ctx: Context, job: str) -> dict[str, str]:
 def slurm_preempt_usr1_requeue(ctx: Context) -> Verdict:
     """The time-limit warning under sbatch --requeue: save, scontrol requeue, run again, done."""
     started = time.monotonic()
-    plain_out, out = ctx.work / "uninterrupted", ctx.work / "requeued"
-    plain = launch(ctx, plain_out, srun_head(ctx), "--preempt", run="plain")
-    plain_s = time.monotonic() - started
-    if plain.returncode != 0:
-        return _fail(f"uninterrupted run: exit {plain.returncode}: {plain.tail()}", started)
+    plain = uninterrupted(ctx, srun_head(ctx))
+    if isinstance(plain, Verdict):
+        return plain
+    out = ctx.work / "requeued"
     out.mkdir(parents=True)
     job = _slurm(ctx, "sbatch", "--parsable", str(_batch_script(ctx, out))).split(";")[0]
     submitted = time.monotonic()
@@ -303,7 +302,7 @@ def slurm_preempt_usr1_requeue(ctx: Context) -> Verdict:
         return _fail("; ".join(problems) + " | " + " | ".join(log.splitlines()[-4:]), started)
     warned = _warned_after(log)
     return judge_resumed(
-        plain_out,
+        plain,
         out,
         run="requeue-1",
         resumed_after=step,
@@ -317,7 +316,6 @@ def slurm_preempt_usr1_requeue(ctx: Context) -> Verdict:
             "completed"
         ),
         seconds=time.monotonic() - started,
-        plain_s=plain_s,
     )
 
 
