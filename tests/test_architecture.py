@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("helpers", ("diagnostics", "checkpoint", "data", "join", "attention", "anysize")),
     ("logging", ("rank_logging",)),
     ("lifecycle", ("process_group",)),
-    ("entry points", ("runtime", "testing", "distributed", "preemption", "run")),
+    ("entry points", ("runtime", "testing", "distributed", "preemption", "inplace", "run")),
     ("public face", ("distcompat",)),
     ("commands", ("demo", "bench")),
     ("command line", ("cli",)),

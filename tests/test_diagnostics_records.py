@@ -158,7 +158,10 @@ def test_fast_path_records_are_numbered_bounded_and_described() -> None:
     from distcompat.testing import run_on_ranks
 
     seen = run_on_ranks(_fast_path_records, 2)
-    assert seen[0]["added"] == seen[1]["added"] == {"0": 500}
+    # only the default group's records grew; a group an earlier test made on this pool's ranks
+    # may be listed with none added (seen under -n 2 once the tests' order changed)
+    for rank in seen:
+        assert {group: n for group, n in rank["added"].items() if n} == {"0": 500}
     for rank in seen:
         assert rank["longest"] < 256
         assert rank["last"] == [

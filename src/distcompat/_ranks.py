@@ -31,6 +31,7 @@ __all__ = [
     "keep_rendezvous",
     "record",
     "recorded",
+    "rendezvous",
     "side_store",
 ]
 
@@ -118,7 +119,7 @@ class DistInfo:
 # The one piece of module state: what init_distributed set up, and for a group it created, the
 # rendezvous store and that init's generation (the diagnostics side channel runs through it).
 _info: DistInfo | None = None
-_rendezvous: tuple[dist.Store, int] | None = None
+_rendezvous: tuple[dist.Store, int | str] | None = None
 
 
 def record(info: DistInfo | None) -> None:
@@ -129,10 +130,24 @@ def record(info: DistInfo | None) -> None:
         _rendezvous = None
 
 
-def keep_rendezvous(store: dist.Store, generation: int) -> None:
-    """Keep the store of the group being created, and its init generation (see side_store)."""
+def keep_rendezvous(store: dist.Store, generation: int | str) -> None:
+    """Keep the store of the group being created, and its init generation (see side_store).
+
+    A group whose members changed in place (``distcompat.inplace``) is a generation of its own:
+    ``"3.1"``, the first regroup of generation 3.
+    """
     global _rendezvous
     _rendezvous = (store, generation)
+
+
+def rendezvous() -> tuple[dist.Store, int | str] | None:
+    """Return the rendezvous store of the group init_distributed created, and its generation.
+
+    None for an adopted group or when no group exists (as :func:`side_store`).
+    """
+    if _rendezvous is None or not group_active():
+        return None
+    return _rendezvous
 
 
 def recorded() -> DistInfo | None:

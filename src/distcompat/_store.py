@@ -199,6 +199,15 @@ class QuickStore:
         value: bytes = self._request("get", key)
         return value
 
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        """Set ``key`` to ``desired`` if it holds ``expected``; return what it holds then.
+
+        ``expected`` ``""``: only if the key does not exist. The value returned is ``desired``,
+        or the one another rank set first.
+        """
+        value: bytes = self._request("compare_set", key, expected, desired)
+        return value
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Return the values of ``keys``, which must exist (a missing one waits for the store)."""
         values: list[bytes] = self._request("multi_get", keys)

@@ -11,7 +11,8 @@
   within 100 ms of the kill, before mpirun ended the job.
 * ``openmpi-exception-told``: ``watch_probe.py raise``; rank 1 dies of an unhandled
   ``ValueError`` outside any collective. It passes when rank 0's line says which exception and
-  where (``exited after ValueError: bad batch 7 at watch_probe.py:N``), within 1 s.
+  where (``exited after ValueError: bad batch 7 at watch_probe.py:N``), within
+  :data:`TOLD_S`.
 * ``openmpi-dump``: ``watch_probe.py stop`` under ``mpirun -np 3``; rank 1 stops itself
   (SIGSTOP) while the others wait in an all_reduce, and ``distcompat dump`` signals rank 0. It
   passes when rank 0 logs the on-demand report naming rank 1, ranks 0 and 2 wrote their dumps,
@@ -105,6 +106,13 @@ def openmpi_kill_named(ctx: Context) -> Verdict:
     )
 
 
+#: How soon rank 0 must say which exception ended rank 1 (seconds). The line comes when rank 1's
+#: process has ended, after its traceback and its interpreter's teardown: 0.8 s here alone,
+#: 1.14 s once with other jobs on the 2 cores (it was 1 s). A line later than mpirun's ending
+#: of the job never comes at all, and the case fails on that.
+TOLD_S = 2.5
+
+
 def openmpi_exception_told(ctx: Context) -> Verdict:
     seen = _rank_1_seen(ctx, "raise")
     if isinstance(seen, Verdict):
@@ -115,7 +123,7 @@ def openmpi_exception_told(ctx: Context) -> Verdict:
     want = f"exited after ValueError: bad batch 7 at watch_probe.py:{line}"
     if what != want:
         return Verdict(ok=False, line=f"FAIL rank 0 said {what!r}, not {want!r}")
-    if after_s > 1.0:
+    if after_s > TOLD_S:
         return Verdict(ok=False, line=f"FAIL told {after_s:.2f} s after the exception")
     return Verdict(
         ok=True,

@@ -35,6 +35,14 @@ from distcompat._torch._c10d import (
     start_coalescing,
 )
 from distcompat._torch._names import INTERNALS, Internal, internals_table
+from distcompat._torch._regroup import (
+    can_reconfigure,
+    ddp_comm_hooks,
+    reconfigure,
+    reconfigure_handle,
+    set_world_view,
+    update_ddp_group,
+)
 from distcompat._torch._release import release, release_text
 from distcompat._torch._signatures import TorchReleaseError, parameters, require_takes, takes
 from distcompat._torch._trampoline import TrampolineUnknownError, trampoline_methods
@@ -50,7 +58,9 @@ __all__ = [
     "backend_timeout_s",
     "begin_record",
     "caller_files",
+    "can_reconfigure",
     "create_work_from_future",
+    "ddp_comm_hooks",
     "default_group",
     "default_store",
     "enable_record_function",
@@ -61,12 +71,16 @@ __all__ = [
     "parameters",
     "premul_sum",
     "profiler_enabled",
+    "reconfigure",
+    "reconfigure_handle",
     "register_cpu_backend",
     "release",
     "release_text",
     "require_takes",
     "set_grad_enabled",
+    "set_world_view",
     "start_coalescing",
     "takes",
     "trampoline_methods",
+    "update_ddp_group",
 ]

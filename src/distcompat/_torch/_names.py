@@ -130,6 +130,25 @@ INTERNALS: tuple[Internal, ...] = (
         missing="distcompat.gather_single on every release, emulated on gloo",
     ),
     Internal(
+        name="ProcessGroupGloo.get_reconfigure_handle, reconfigure; ReconfigureOptions",
+        torch_has="2.14+ (experimental)",
+        used_by="can_reconfigure, reconfigure_handle, reconfigure",
+        missing="a new gloo backend under a fresh store prefix: Python sees the new rank and "
+        "size, C++ callers the old ones (DDP gets a comm hook that divides by the new size)",
+    ),
+    Internal(
+        name="DistributedDataParallel._update_process_group, _comm_hooks",
+        torch_has="2.9-2.15",
+        used_by="update_ddp_group, ddp_comm_hooks",
+        missing="nothing yet: DDP's reducer forgets a step a lost rank broke",
+    ),
+    Internal(
+        name="distributed_c10d._world.pg_group_ranks, pg_map",
+        torch_has="2.9-2.15",
+        used_by="set_world_view",
+        missing="nothing yet: torch's ranks of a group and its store",
+    ),
+    Internal(
         name="set_timeout",
         torch_has="2.14+",
         used_by="(public)",

@@ -291,6 +291,18 @@ class ExactGradients:
         self._exponents = [exponent(b, self.micro_batches) for b in self._bounds]
         return ExactStep(ok=not over, loss=loss, overflowed=over)
 
+    def abandon(self) -> None:
+        """Drop the step in progress (its partial sums): the step is redone from its start.
+
+        ``distcompat.inplace`` calls it when a lost rank ends a step midway.
+
+        Example:
+            >>> exact = ExactGradients(torch.nn.Linear(1, 1), micro_batches=1)
+            >>> exact.add_loss(torch.tensor(2.0)); exact.abandon(); exact.reduce().loss is None
+            True
+        """
+        self._reset()
+
     def _reset(self) -> None:
         for acc in self._accs:
             acc.zero_()

@@ -182,7 +182,23 @@ class ProtectedGroup(dist.ProcessGroup):
         self.backend = backend
         self.protects = name
         self._group_name = ""
+        self.retired: list[Any] = []  # backends of earlier members (see regrouped)
         _torch.register_cpu_backend(self, backend)
+
+    def regrouped(self, backend: Any) -> None:
+        """Go on with ``backend``, a gloo group of new members (``distcompat.inplace``).
+
+        The same backend reconfigured (torch 2.14+) already answers the new rank and size, to
+        Python and C++ alike. A new one becomes this group's: Python's ``rank()`` and ``size()``
+        follow it, while torch's C++ keeps the numbers the group was made with. The backend
+        before is kept, not freed: an op of the lost members may still hold it.
+        """
+        if backend is self.backend:
+            return
+        self.retired.append(self.backend)
+        self.backend = backend
+        vars(self)["rank"] = backend.rank  # for Python callers, ahead of the C++ methods
+        vars(self)["size"] = backend.size
 
     # FSDP2's DeviceMesh names the group and reads the name back.
     def _set_group_name(self, name: str) -> None:

@@ -26,6 +26,7 @@ from distcompat.peers._identity import (
 )
 from distcompat.peers._links import Ended, Links, all_linked, linked, unproven_cap
 from distcompat.peers._lost import Lost, Watcher, farewells, gone_peers, lost_peers, stopped_peers
+from distcompat.peers._lost import forget as forget_group
 from distcompat.peers._registry import (
     LEFT,
     farewell,
@@ -52,6 +53,7 @@ __all__ = [
     "clock",
     "farewell",
     "farewells",
+    "forget_group",
     "gone_peers",
     "identities_of",
     "is_alive",

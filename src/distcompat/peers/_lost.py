@@ -34,6 +34,7 @@ __all__ = [
     "Lost",
     "Watcher",
     "farewells",
+    "forget",
     "gone_peers",
     "lost_peers",
     "stopped_peers",
@@ -129,6 +130,17 @@ def _identities(group: Any) -> dict[int, Identity]:
     if len(found) == len(others):
         _known[key] = found
     return found
+
+
+def forget(group: Any) -> None:
+    """Drop the identities read for ``group``: its members changed (``distcompat.inplace``).
+
+    Example:
+        >>> forget(None)
+    """
+    key = group if group is not None else dist.group.WORLD
+    if key is not None:  # no group: nothing was read
+        _known.pop(key, None)
 
 
 def _on_this_machine(peers: dict[int, Identity]) -> dict[int, Identity]:

@@ -258,6 +258,19 @@ def _mismatch_reason(info: DistInfo) -> str:
     return choose_mismatch_check().reason
 
 
+def note_regroup(rank: int, world_size: int) -> DistInfo:
+    """Record that the group init made goes on in place with new members (``inplace``).
+
+    The same group object, now rank ``rank`` of ``world_size``: what :func:`init_distributed`
+    returns again, and what the rank queries answer, say so. Returns the new record.
+    """
+    if _current is None or not _current.info.has_group:
+        raise RuntimeError("no process group made by init_distributed to regroup")
+    _current.info = replace(_current.info, rank=rank, world_size=world_size)
+    record(_current.info)
+    return _current.info
+
+
 def destroy_distributed() -> None:
     """Destroy the group :func:`init_distributed` created; safe to call twice or before init.
 

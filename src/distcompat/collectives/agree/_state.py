@@ -32,6 +32,7 @@ __all__ = [
     "POLL_S",
     "answering",
     "count",
+    "forget",
     "last",
     "listening",
     "paused",
@@ -141,6 +142,20 @@ def state_for(group: Any) -> _State:
         state = _states[key] = _new_state(key)
     last = (weakref.ref(key), state)
     return state
+
+
+def forget(group: Any) -> None:
+    """Drop ``group``'s record: its members changed (``distcompat.inplace``).
+
+    The next call starts a new one, numbered from 0 under the new generation's keys.
+    """
+    global last
+    key = group if group is not None else dist.group.WORLD
+    if key is None:  # no group: no record
+        return
+    _states.pop(key, None)
+    if last is not None and last[0]() is key:
+        last = None
 
 
 def count(state: _State, sig: tuple[Any, ...]) -> tuple[int, tuple[int, int]] | None:

@@ -1,0 +1,97 @@
+"""A lost rank in place: kill to the next committed step, and the cost per step of InPlace.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_inplace.py [--runs 5] [--worlds 2 3 4] [--steps 40]
+
+* **recovery**: ``tests/_inplace_script.py`` (exact mode, the hand-written loop) on W gloo ranks
+  started as a launcher does (the store in this process, as in torchrun's agent); the last rank
+  SIGKILLs itself at the start of step 5 after writing the time. The figure is rank 0's commit
+  of that step, redone at W - 1 ranks, minus the kill (one clock: one machine), and rank 0's
+  own account of the regroup (agree, group, state). Median and worst of ``--runs``.
+* **per step**: the same job with no rank lost, with ``InPlace`` and without it (``--plain``,
+  the same loop bare), alternated in one run: rank 0's loop time over ``--steps`` steps, and the
+  ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "_inplace_script.py"
+KILL_STEP = 5
+
+
+def _value(text: str, rank: int, what: str) -> list[str]:
+    return re.findall(rf"rank {rank}: {what} (\S+)", text)
+
+
+def recovery(world: int, runs: int) -> None:
+    from _rank_processes import run_ranks
+
+    killed = world - 1
+    took, parts = [], []
+    for _ in range(runs):
+        args = ("--steps", "8", "--kill", f"{killed}@{KILL_STEP}")
+        ranks = run_ranks(SCRIPT, world, args=args, timeout=120)
+        (kill,) = _value(ranks[killed].stdout, killed, "killed at")
+        commits = re.findall(r"rank 0: committed (\d+) (\S+)", ranks[0].stdout)
+        redone = [float(t) for step, t in commits if int(step) == KILL_STEP + 1]
+        if ranks[0].returncode != 0 or not redone:
+            print(f"  world {world}: FAILED\n{ranks[0].stderr[-2000:]}")
+            return
+        took.append(redone[0] - float(kill))
+        said = re.search(r"(\d+) ms: agree (\d+), regroup (\d+), state (\d+)\)", ranks[0].stderr)
+        parts.append(said.groups() if said else ("?", "?", "?", "?"))
+    ms = sorted(t * 1e3 for t in took)
+    print(
+        f"  {world} -> {world - 1} ranks: kill to the next committed step median "
+        f"{statistics.median(ms):.0f} ms, worst {ms[-1]:.0f} ms (runs: "
+        f"{', '.join(f'{t:.0f}' for t in ms)}); rank 0's regroup (total/agree/group/state ms): "
+        f"{'; '.join('/'.join(p) for p in parts)}"
+    )
+
+
+def per_step(world: int, runs: int, steps: int) -> None:
+    from _rank_processes import run_ranks
+
+    times: dict[str, list[float]] = {"InPlace": [], "bare loop": []}
+    for run in range(runs):
+        pairs = (("InPlace", ()), ("bare loop", ("--plain",)))
+        for name, extra in pairs if run % 2 else pairs[::-1]:  # each first in half the runs
+            ranks = run_ranks(SCRIPT, world, args=("--steps", str(steps), *extra), timeout=300)
+            (loop,) = _value(ranks[0].stdout, 0, "loop_s")
+            times[name].append(float(loop))
+    medians = {name: statistics.median(found) for name, found in times.items()}
+    print(
+        f"  {world} ranks, {steps} steps, no rank lost: InPlace "
+        f"{medians['InPlace'] / steps * 1e3:.2f} ms/step, bare loop "
+        f"{medians['bare loop'] / steps * 1e3:.2f} ms/step, ratio "
+        f"{medians['InPlace'] / medians['bare loop']:.3f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4])
+    parser.add_argument("--steps", type=int, default=200)
+    args = parser.parse_args()
+    sys.path.insert(0, str(ROOT / "tests"))
+    import torch
+
+    print(f"torch {torch.__version__}")
+    print("recovery:")
+    for world in args.worlds:
+        recovery(world, args.runs)
+    print("per step:")
+    per_step(2, args.runs, args.steps)  # 3 ranks on 2 cores: +-10 % between runs of one mode
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""torch's names for a group that changes its members in place: gloo reconfigure, world maps.
+
+A lost rank's survivors go on in the same group object (``distcompat.inplace``). Where the
+installed torch's gloo can be reconfigured (2.14+: ``get_reconfigure_handle``, ``reconfigure``;
+experimental in torch), the backend itself takes the new members, and with it every C++ caller
+(DDP's reducer, functional collectives) sees the new rank and size, since from 2.14 a group's
+``getRank``/``getSize`` ask its default backend. Elsewhere a new gloo backend is made and only
+Python sees the new numbers (:func:`can_reconfigure` says which). torch's own record of each
+group (``_world.pg_group_ranks``, ``_world.pg_map``) is brought up to date here either way.
+
+Example:
+    >>> can_reconfigure(None)
+    False
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from torch._C import _distributed_c10d as _c10d_ext
+from torch.distributed import distributed_c10d as _c10d
+
+__all__ = [
+    "can_reconfigure",
+    "ddp_comm_hooks",
+    "reconfigure",
+    "reconfigure_handle",
+    "set_world_view",
+    "update_ddp_group",
+]
+
+
+def can_reconfigure(backend: Any) -> bool:
+    """Return whether ``backend`` (a gloo backend, or None) takes new members in place.
+
+    Example:
+        >>> import torch.distributed as dist
+        >>> gloo = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=5))
+        >>> can_reconfigure(gloo) == hasattr(gloo, "reconfigure")
+        True
+    """
+    if backend is None or not hasattr(_c10d_ext, "ReconfigureOptions"):
+        return False
+    supports = getattr(backend, "supports_reconfigure", None)
+    return bool(supports()) if callable(supports) else hasattr(backend, "reconfigure")
+
+
+def reconfigure_handle(backend: Any) -> str:
+    """Return the opaque handle this rank gives its peers for a reconfigure (2.14+).
+
+    Example:
+        >>> callable(reconfigure_handle)
+        True
+    """
+    handle: str = backend.get_reconfigure_handle()
+    return handle
+
+
+def reconfigure(backend: Any, uuid: int, handles: list[str], timeout: timedelta) -> None:
+    """Make ``backend`` a group of the ranks whose ``handles`` are listed (rank = position).
+
+    ``uuid`` must be new to this backend (each reconfigure of one group takes the next number).
+    Waits for the new connections, at most ``timeout``.
+
+    Example:
+        >>> callable(reconfigure)
+        True
+    """
+    options: Any = _c10d_ext.ReconfigureOptions()
+    options.uuid = uuid
+    options.handles = list(handles)
+    options.timeout = timeout
+    backend.reconfigure(options).wait()
+
+
+def set_world_view(group: Any, size: int, store: Any) -> None:
+    """Tell torch's record that ``group`` (the default one) now has ``size`` ranks and ``store``.
+
+    ``get_process_group_ranks``, ``get_global_rank`` and the default store read this record;
+    after a regroup it would name the ranks and the store of the group before.
+
+    Example:
+        >>> callable(set_world_view)
+        True
+    """
+    world: Any = _c10d._world
+    world.pg_group_ranks[group] = {rank: rank for rank in range(size)}
+    name, _ = world.pg_map[group]
+    world.pg_map[group] = (name, store)
+
+
+def update_ddp_group(module: Any, group: Any) -> None:
+    """Tell a ``DistributedDataParallel`` that ``group`` changed members (torch's own way).
+
+    Its reducer forgets the step in flight (a backward a lost rank broke) and rebuilds its
+    buckets at the next forward, on every rank together (``_update_process_group``).
+
+    Example:
+        >>> callable(update_ddp_group)
+        True
+    """
+    module._update_process_group(group)
+
+
+def ddp_comm_hooks(module: Any) -> list[Any]:
+    """Return the comm hooks registered on a ``DistributedDataParallel`` (its own record).
+
+    Example:
+        >>> ddp_comm_hooks(object())
+        []
+    """
+    return list(getattr(module, "_comm_hooks", []))

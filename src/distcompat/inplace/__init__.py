@@ -1,0 +1,37 @@
+"""A lost rank costs a regroup, not a restart: the survivors go on in place, the same bits.
+
+The lines a training loop writes (every rank)::
+
+    from distcompat.inplace import InPlace
+
+    inplace = InPlace(model, optimizer, state={"plan": plan})
+    for attempt in inplace.steps(total_steps):
+        with attempt:                      # a lost peer inside: the survivors regroup, redo
+            ...                            # forward, backward, optimizer.step()
+
+Modules: ``_members`` (who goes on: the survivors agree through the store, on proof of death
+only), ``_regroup`` (the default group takes them in place: gloo reconfigure on torch 2.14+,
+a new gloo backend elsewhere), ``_state`` (the furthest whole state, sent to every survivor),
+``_steps`` (the loop's :class:`InPlace`), ``_errors``. The contract and its limits:
+docs/resilience.md.
+"""
+
+from distcompat.inplace._errors import (
+    FencedError,
+    InPlaceError,
+    InPlaceUnsupportedError,
+    ShrinkRefusedError,
+    StateLostError,
+)
+from distcompat.inplace._steps import Attempt, InPlace, Recovery
+
+__all__ = [
+    "Attempt",
+    "FencedError",
+    "InPlace",
+    "InPlaceError",
+    "InPlaceUnsupportedError",
+    "Recovery",
+    "ShrinkRefusedError",
+    "StateLostError",
+]

@@ -1,0 +1,133 @@
+"""The default group, in the same process and the same object, made of the agreed survivors.
+
+After :func:`~distcompat.inplace._members.agree_survivors`, every survivor calls::
+
+    done = regroup(group, new_members, me=launch_rank, uuid=agreed_uuid, base=generation)
+
+* **the backend**: where the installed torch's gloo can be reconfigured (2.14+), the group's
+  own gloo backend takes the new members (handles exchanged under the epoch's store keys;
+  about 1-3 ms at 2-3 ranks here), and C++ callers see the new rank and size with Python;
+  elsewhere a new gloo backend is made under the epoch's fresh store prefix and only Python
+  sees the new numbers (:meth:`ProtectedGroup.regrouped`);
+* **torch's record**: the group's ranks and its store (``_torch.set_world_view``), so
+  ``get_process_group_ranks`` and every key distcompat writes (identities, the mismatch check,
+  shared memory) belong to the new epoch;
+* **distcompat's per-group state**: the mismatch check's record, the shared-memory engines, the
+  peers' identities and their watch, the failure noted for the lost op, and the rank record
+  (``get_rank``, ``init_distributed``'s :class:`DistInfo`).
+
+Subgroups made before hold the lost rank's members: they are not regrouped (a later change may
+fence them with a typed error; until then their collectives fail as on a lost peer).
+
+Example:
+    >>> Regrouped(rank=0, world_size=2, how="gloo reconfigured in place", seconds=0.002).world_size
+    2
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from distcompat import _torch, peers
+from distcompat._ranks import keep_rendezvous, recorded, rendezvous
+from distcompat.collectives.agree._state import forget as forget_agreement
+from distcompat.collectives.shm._path import close_all
+from distcompat.diagnostics._exit import forget_failures
+from distcompat.inplace._errors import InPlaceUnsupportedError, ShrinkRefusedError
+from distcompat.inplace._members import POLL_S, Members
+from distcompat.process_group._lifecycle import note_regroup
+
+__all__ = ["MemberLostError", "Regrouped", "regroup"]
+
+#: The group timeout when init recorded none (an adopted group: not regrouped anyway).
+_FALLBACK_TIMEOUT = timedelta(minutes=10)
+
+
+class MemberLostError(ConnectionError):
+    """A member the survivors agreed on ended during the regroup: they agree again."""
+
+
+@dataclass(frozen=True, slots=True)
+class Regrouped:
+    """What a regroup made: this rank's new rank and the world size, how, and how long."""
+
+    rank: int
+    world_size: int
+    how: str
+    seconds: float
+    reconfigured: bool = True  # False: a new backend; torch's C++ sees the old rank and size
+
+
+def regroup(
+    group: Any,
+    new: Members,
+    *,
+    me: int,
+    uuid: int,
+    base: str,
+    links: bool,
+    lost: Callable[[], set[int]],
+    deadline: float,
+) -> Regrouped:
+    """Make ``group`` (the default one) the group of ``new``'s members; this process is ``me``.
+
+    ``uuid``: agreed by the members, new to the group; ``base``: the init generation the
+    epochs count from (``"3"``); ``links``: whether the peer watch links to other machines;
+    ``lost()``: the members seen to end since they agreed (one that does raises
+    :class:`MemberLostError`, and the survivors agree again); ``deadline``: ``time.monotonic()``
+    past which a member that never came raises :class:`ShrinkRefusedError`.
+    """
+    started = time.perf_counter()
+    found, info = rendezvous(), recorded()
+    if found is None or info is None or not hasattr(group, "regrouped"):
+        raise InPlaceUnsupportedError(
+            "only a group distcompat made (init_distributed, or distcompat run) goes on in "
+            "place: an adopted group's store and backend are its owner's"
+        )
+    store, _ = found
+    rank, size = new.rank_of(me), new.size
+    epoch = dist.PrefixStore(f"distcompat/inplace/generation{base}/epoch{new.epoch}", store)
+    timeout = info.timeout or _FALLBACK_TIMEOUT
+    backend = group.backend
+    if _torch.can_reconfigure(backend):
+        epoch.set(f"handle/{rank}", _torch.reconfigure_handle(backend))
+        keys = [f"handle/{r}" for r in range(size)]
+        _wait_for(epoch, keys, lost, deadline)
+        handles = [value.decode() for value in epoch.multi_get(keys)]
+        _torch.reconfigure(backend, uuid, handles, timeout)
+        how, reconfigured = "gloo reconfigured in place", True
+    else:
+        backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo", epoch), rank, size, timeout)
+        how, reconfigured = "a new gloo backend (this torch's gloo has no reconfigure)", False
+    group.regrouped(backend)
+    _forget(group)
+    _torch.set_world_view(group, size, dist.PrefixStore("group", epoch))
+    keep_rendezvous(store, f"{base}.{new.epoch}")
+    peers.start(rank, size, links=links)
+    forget_failures()
+    note_regroup(rank, size)
+    return Regrouped(rank, size, how, time.perf_counter() - started, reconfigured)
+
+
+def _wait_for(store: Any, keys: list[str], lost: Callable[[], set[int]], deadline: float) -> None:
+    """Wait until ``keys`` exist; a member that ends meanwhile raises :class:`MemberLostError`."""
+    while not store.check(keys):
+        gone = lost()
+        if gone:
+            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended during the regroup")
+        if time.monotonic() > deadline:
+            raise ShrinkRefusedError("a member agreed on never came to the regroup's handles")
+        time.sleep(POLL_S)
+
+
+def _forget(group: Any) -> None:
+    """Drop what distcompat keeps per group, made for the members before."""
+    forget_agreement(group)
+    close_all()  # the engines: their segments and slots are sized for the old world
+    peers.forget_group(group)

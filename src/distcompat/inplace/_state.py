@@ -1,0 +1,93 @@
+"""One step's state on every survivor: the whole of the furthest, sent from its memory.
+
+A loss can come at any point of a step, so the survivors may stand at different places: one
+applied step ``k + 1`` (its gradient all-reduce had completed), another failed before its update,
+a third inside an update that has collectives of its own (torn). Each says where it stands
+(:class:`Position`); the source is the lowest rank among those at the furthest whole step
+(:func:`choose_source`), and :func:`sync` sends its model, optimizer and other state to every
+other survivor over the group. So a step commits on every survivor or on none: the state the
+group goes on from is one rank's, whole. Replicated state only: each rank's optimizer state must
+be the same (DDP, a hand-written all-reduce); sharded state (ZeRO, FSDP2) lost its shard with
+the rank.
+
+Example:
+    >>> choose_source([Position(3, False), Position(4, True), Position(4, False)])
+    2
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from distcompat.collectives import all_gather_object, broadcast, broadcast_object_list
+from distcompat.inplace._errors import StateLostError
+
+__all__ = ["Position", "choose_source", "positions", "sync"]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """Where one survivor stands: optimizer steps applied whole, and whether it was inside one."""
+
+    applied: int
+    torn: bool
+
+
+def positions(mine: Position) -> list[Position]:
+    """Gather every rank's :class:`Position` over the (regrouped) default group."""
+    found: list[Any] = [None]
+    all_gather_object(found, (mine.applied, mine.torn))
+    return [Position(int(applied), bool(torn)) for applied, torn in found]
+
+
+def choose_source(found: list[Position]) -> int:
+    """Return the rank to copy from: the lowest rank at the furthest whole step.
+
+    Raises :class:`StateLostError` when every survivor was inside an update.
+    """
+    whole = [(p.applied, -rank) for rank, p in enumerate(found) if not p.torn]
+    if not whole:
+        raise StateLostError(
+            "every survivor was inside its optimizer's update when the peer was lost (its "
+            "update has collectives of its own), so none holds a whole step: a restart resumes "
+            "the job from its last checkpoint"
+        )
+    return -max(whole)[1]
+
+
+def sync(
+    source: int,
+    rank: int,
+    model: torch.nn.Module,
+    optimizer: Any,
+    state: Mapping[str, Any],
+) -> None:
+    """Make every rank's ``model``, ``optimizer`` and ``state`` (name -> Stateful) ``source``'s.
+
+    The model's tensors are broadcast in place; the optimizer's and the others' state dicts go as
+    one object (their tensors inside it). A Stateful with an ``abandon()`` method (exact mode's
+    :class:`~distcompat.anysize.ExactGradients`) drops the partial work of the step redone.
+    """
+    with torch.no_grad():
+        for tensor in model.state_dict(keep_vars=True).values():
+            broadcast(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, source)
+    sent: list[Any] = [None, None]
+    if rank == source:
+        sent = [
+            optimizer.state_dict() if optimizer is not None else None,
+            {name: value.state_dict() for name, value in state.items()},
+        ]
+    broadcast_object_list(sent, src=source)
+    if rank != source:
+        if optimizer is not None:
+            optimizer.load_state_dict(sent[0])
+        for name, value in state.items():
+            value.load_state_dict(sent[1][name])
+    for value in state.values():
+        abandon = getattr(value, "abandon", None)  # a step's partial work (exact mode's sums)
+        if callable(abandon):
+            abandon()

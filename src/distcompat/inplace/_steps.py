@@ -1,0 +1,373 @@
+"""A training loop whose lost rank costs a regroup, not a restart: :class:`InPlace`.
+
+The lines a loop writes (every rank; DDP or a hand-written all-reduce alike)::
+
+    inplace = InPlace(model, optimizer, state={"plan": plan})
+    for attempt in inplace.steps(total_steps):
+        with attempt:                                # a lost peer inside: regroup, then again
+            loss = model(batch_for(attempt.step)).sum()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+Each attempt is one optimizer step. When a peer is lost inside one (the collective raises, and
+the peer watch has seen the process end), every survivor leaves its attempt, they agree on who
+goes on (``_members``), the default group takes the survivors in place (``_regroup``), and the
+furthest whole state is sent to all (``_state``); the attempt's error is swallowed and the loop
+gives the step again, now at the new size. ``attempt.step`` is the step to run: the optimizer
+steps the group has applied. What cannot go on in place raises an :class:`InPlaceError` (the job
+ends as before, and a restart resumes it); an error with no lost peer behind it is raised as is.
+
+After the last step the ranks confirm with one small collective that none was lost in it: the
+loop ends on every rank together. Nothing else runs per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from distcompat import _torch, peers
+from distcompat._ranks import recorded, rendezvous
+from distcompat._store import QuickStore
+from distcompat.collectives import CollectiveError, all_reduce
+from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
+from distcompat.inplace._members import Members, agree_survivors
+from distcompat.inplace._regroup import MemberLostError, Regrouped, regroup
+from distcompat.inplace._state import Position, choose_source, positions, sync
+
+__all__ = ["Attempt", "InPlace", "Recovery"]
+
+_log = logging.getLogger("distcompat.inplace")
+
+#: How many regroups one recovery may take (a rank lost during one starts the next).
+ATTEMPTS = 4
+#: How long a survivor waits for the peer watch to see the end of a peer whose collective
+#: failed, before it takes the error for what it is (seconds): a pidfd fires at once, a link
+#: a round trip later.
+EVIDENCE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """One regroup: who was lost, who went on, from which step, and the time of each part."""
+
+    epoch: int
+    lost: tuple[int, ...]  # launch ranks
+    members: tuple[int, ...]  # launch ranks, in their new rank order
+    step: int  # the step the group goes on from (steps applied)
+    source: int  # the rank whose state every survivor took
+    how: str
+    agree_s: float
+    regroup_s: float
+    sync_s: float
+
+    @property
+    def seconds(self) -> float:
+        """From this rank's error to the state in place."""
+        return self.agree_s + self.regroup_s + self.sync_s
+
+
+class Attempt:
+    """One try at one optimizer step: a context manager that :meth:`InPlace.steps` yields."""
+
+    def __init__(self, inplace: InPlace, step: int) -> None:
+        self.step = step
+        self._inplace = inplace
+
+    def __enter__(self) -> Attempt:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        if error is None:
+            return False
+        return self._inplace._recover(error)
+
+
+@dataclass(slots=True)
+class _Progress:
+    applied: int = 0  # optimizer steps applied whole on this rank
+    stepping: bool = False  # inside optimizer.step() now
+    history: list[Recovery] = field(default_factory=list)
+
+
+class InPlace:
+    """Go on in place when a rank is lost: the same processes, the same group, the same state.
+
+    Args:
+        model: the module trained (a ``DistributedDataParallel`` or a plain one); its parameters
+            and buffers are what the survivors copy from the furthest one.
+        optimizer: its optimizer (``torch.optim`` or any object with ``step()``,
+            ``state_dict()`` and ``load_state_dict()``); each attempt calls ``step()`` once.
+        state: other Statefuls to keep the same on every rank (a ``TrainPlan``, a loader).
+
+    Needs the default group distcompat made (``init_distributed``) and state that is the same
+    on every rank. :attr:`recoveries` lists each regroup with its times.
+
+    Example:
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> inplace = InPlace(model, opt)        # no group here: the loop just runs
+        >>> for attempt in inplace.steps(2):
+        ...     with attempt:
+        ...         model(torch.ones(1, 2)).sum().backward(); opt.step(); opt.zero_grad()
+        >>> inplace.step
+        2
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: Any,
+        *,
+        state: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._model, self._optimizer, self._state = model, optimizer, dict(state or {})
+        self._progress = _Progress()
+        self._grouped = dist.is_available() and dist.is_initialized()
+        self._members = Members(0, (0,))
+        self._me = 0
+        self._store: QuickStore | None = None
+        self._base, self._links = "", True
+        self._syncing = False  # inside a state sync that writes this rank's state
+        self._regrouped_as: Regrouped | None = None
+        if self._grouped:
+            self._join_group()
+        self._wrap_step()
+
+    @property
+    def step(self) -> int:
+        """The optimizer steps applied (the next attempt's step)."""
+        return self._progress.applied
+
+    @property
+    def recoveries(self) -> list[Recovery]:
+        """Each regroup of this run, in order."""
+        return list(self._progress.history)
+
+    def steps(self, total: int) -> Iterator[Attempt]:
+        """Yield an :class:`Attempt` until ``total`` optimizer steps are applied on every rank."""
+        while True:
+            while self._progress.applied < total:
+                before = self._progress.applied
+                yield Attempt(self, before)
+                if self._progress.applied == before and not self._recovered_since(before):
+                    raise InPlaceError(
+                        f"attempt {before} ended without an optimizer step: each attempt "
+                        "makes exactly one (optimizer.step() inside the with block)"
+                    )
+            if self._confirmed_end():
+                return
+
+    # -- the parts of a recovery ------------------------------------------------------------
+
+    def _join_group(self) -> None:
+        info, found = recorded(), rendezvous()
+        group = _torch.default_group()
+        if info is None or found is None or not hasattr(group, "regrouped"):
+            raise InPlaceUnsupportedError(
+                "InPlace needs the default group distcompat made (init_distributed or "
+                "distcompat run, with the protected group on): an adopted group, or torch's "
+                "own, cannot take new members in place"
+            )
+        store, generation = found
+        self._me = dist.get_rank()
+        self._members = Members(0, tuple(range(dist.get_world_size())))
+        self._base = str(generation)
+        self._store = QuickStore(store, f"distcompat/inplace/generation{generation}/members")
+        self._links = info.local_world_size != info.world_size
+
+    def _wrap_step(self) -> None:
+        """Count each whole optimizer step; know when an error came from inside one."""
+        step = self._optimizer.step
+        progress = self._progress
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            progress.stepping = True
+            result = step(*args, **kwargs)
+            progress.stepping = False
+            progress.applied += 1
+            return result
+
+        self._optimizer.step = counted
+
+    def _recovered_since(self, step: int) -> bool:
+        history = self._progress.history
+        return bool(history) and history[-1].step >= step and history[-1] is not None
+
+    def _ended_ids(self) -> set[int]:
+        """Return the ids of the current members the peer watch has seen end."""
+        group = _torch.default_group()
+        return {self._members.id_of(rank) for rank in peers.gone_peers(group)}
+
+    def _lost_behind(self, error: BaseException) -> bool:
+        """Whether ``error`` came with a peer's end seen (waiting for the evidence briefly)."""
+        if not self._grouped:
+            return False
+        deadline = time.monotonic() + (EVIDENCE_S if _is_collective(error) else 0.0)
+        while True:
+            if self._ended_ids():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+
+    def _recover(self, error: BaseException) -> bool:
+        """Regroup after ``error`` if a peer was lost behind it; True: swallowed, go on.
+
+        A member lost during the recovery itself (its collectives fail, or it never comes to
+        the regroup's handles) starts it again at the next epoch, up to :data:`ATTEMPTS` times.
+        """
+        if isinstance(error, InPlaceError) or not self._lost_behind(error):
+            return False
+        progress = self._progress
+        mine = Position(progress.applied, progress.stepping)
+        progress.stepping = False
+        first = self._members
+        for _ in range(ATTEMPTS):
+            try:
+                recovery = self._regroup_once(first, mine)
+                break
+            except InPlaceError:
+                raise
+            except Exception as again:  # a member lost during it: a collective failed, or
+                if not isinstance(again, MemberLostError) and not self._lost_behind(again):
+                    raise
+                mine = Position(mine.applied, mine.torn or self._syncing)
+        else:
+            raise ShrinkRefusedError(f"ranks kept being lost during {ATTEMPTS} regroups in a row")
+        self._report(recovery)
+        return True
+
+    def _regroup_once(self, first: Members, mine: Position) -> Recovery:
+        """Agree, regroup, copy the furthest state: one try (see :meth:`_recover`)."""
+        progress = self._progress
+        started = time.perf_counter()
+        assert self._store is not None
+        info = recorded()
+        timeout_s = info.timeout.total_seconds() if info and info.timeout else 600.0
+        deadline = time.monotonic() + timeout_s
+        new = agree_survivors(
+            self._store, self._members, me=self._me, ended=self._ended_ids, deadline=deadline
+        )
+        agreed = time.perf_counter()
+        done: Regrouped = regroup(
+            _torch.default_group(),
+            new,
+            me=self._me,
+            uuid=new.epoch,
+            base=self._base,
+            links=self._links,
+            lost=lambda: self._ended_ids() & set(new.ids),  # the watch is still the old one
+            deadline=deadline,
+        )
+        self._members = new
+        regrouped = time.perf_counter()
+        found = positions(mine)
+        source = choose_source(found)
+        self._syncing = done.rank != source  # a sync broken midway leaves this rank torn
+        sync(source, done.rank, self._model, self._optimizer, self._state)
+        self._syncing = False
+        progress.applied = found[source].applied
+        _zero_grads(self._model)
+        if isinstance(self._model, DistributedDataParallel):
+            _regroup_ddp(self._model, done)
+        recovery = Recovery(
+            epoch=new.epoch,
+            lost=tuple(sorted(set(first.ids) - set(new.ids))),
+            members=new.ids,
+            step=progress.applied,
+            source=source,
+            how=done.how,
+            agree_s=agreed - started,
+            regroup_s=regrouped - agreed,
+            sync_s=time.perf_counter() - regrouped,
+        )
+        self._regrouped_as = done
+        return recovery
+
+    def _report(self, recovery: Recovery) -> None:
+        """Keep ``recovery``; rank 0 says it in one line."""
+        done = self._regrouped_as
+        assert done is not None
+        self._progress.history.append(recovery)
+        if done.rank == 0:
+            _log.warning(
+                "distcompat: launch rank(s) %s lost; %d rank(s) go on in place from step %d "
+                "(epoch %d, %s; %.0f ms: agree %.0f, regroup %.0f, state %.0f)",
+                list(recovery.lost), done.world_size, recovery.step, recovery.epoch, done.how,
+                recovery.seconds * 1e3, recovery.agree_s * 1e3, recovery.regroup_s * 1e3,
+                recovery.sync_s * 1e3,
+            )  # fmt: skip
+
+    def _confirmed_end(self) -> bool:
+        """One small collective after the last step: True when no rank was lost in it."""
+        if not self._grouped:
+            return True
+        mark = torch.tensor([self._progress.applied], dtype=torch.int64)
+        try:
+            all_reduce(mark, dist.ReduceOp.MIN)
+        except Exception as error:
+            if not self._recover(error):
+                raise
+            return False
+        return int(mark) == self._progress.applied
+
+
+def _is_collective(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps) is a collective's failure, or torch's text of one."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, CollectiveError) or "PeerLostError" in str(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return isinstance(error, RuntimeError)
+
+
+def _regroup_ddp(model: DistributedDataParallel, done: Regrouped) -> None:
+    """Bring DDP to the new members: its reducer forgets the broken step (torch's own call).
+
+    Where the group's backend was replaced rather than reconfigured, torch's C++ (DDP's
+    reducer) still reads the old world size, by which it divides the gradients: a model with
+    no comm hook of its own gets :func:`_divide_then_sum`, DDP's own arithmetic at the new size.
+    """
+    group = _torch.default_group()
+    _torch.update_ddp_group(model, group)
+    if not done.reconfigured and not _torch.ddp_comm_hooks(model):
+        model.register_comm_hook(None, _divide_then_sum)
+
+
+def _divide_then_sum(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP's default gradient sync, dividing by the world size Python sees (a comm hook)."""
+    del state
+    buffer = bucket.buffer()
+    buffer.div_(dist.get_world_size())
+    handle = all_reduce(buffer, dist.ReduceOp.SUM, None, True)
+    assert handle is not None
+    return handle.get_future().then(lambda done: done.value()[0])
+
+
+def _zero_grads(model: torch.nn.Module) -> None:
+    for param in model.parameters():
+        param.grad = None
+
+
+# DDP checks a hook's annotations against the classes themselves; this module's are strings.
+_divide_then_sum.__annotations__.update(
+    {"bucket": dist.GradBucket, "state": object, "return": torch.futures.Future[torch.Tensor]}
+)

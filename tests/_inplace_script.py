@@ -1,0 +1,125 @@
+"""One rank of the in-place tests: a hand-written exact-mode loop (or DDP) under InPlace.
+
+    python tests/_inplace_script.py --steps 12 --kill 2@5 [--ddp] [--float]
+
+``--kill R@S``: launch rank R SIGKILLs itself at the start of step S (it prints the time
+first); ``--stop R@S``: it SIGSTOPs itself there (alive, not taking part). Each surviving rank
+prints ``rank R: digest HEX``, ``rank R: world W``, ``rank R: recovery EPOCH LOST SECONDS HOW``
+and ``rank R: committed S T`` (the step and when it committed, ``time.time()``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import distcompat
+from distcompat.anysize import ExactGradients, TrainPlan
+from distcompat.inplace import InPlace
+
+
+def data(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * step + micro)
+    return torch.randn(2, 8, generator=generator), torch.randn(2, 4, generator=generator)
+
+
+def digest(model: torch.nn.Module) -> str:
+    hasher = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        hasher.update(tensor.detach().contiguous().numpy().tobytes())
+    return hasher.hexdigest()
+
+
+class _Step(contextlib.nullcontext[None]):
+    """What ``--plain`` gives the loop in place of an Attempt: the step, no protection."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+
+def _plain(steps: int) -> Iterator[_Step]:
+    yield from (_Step(step) for step in range(steps))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--kill", default="")
+    parser.add_argument("--stop", default="", help="R@S: launch rank R SIGSTOPs itself at step S")
+    parser.add_argument("--timeout", type=float, default=None, help="the group timeout (s)")
+    parser.add_argument("--ddp", action="store_true")
+    parser.add_argument("--float", action="store_true", help="no exact mode: a float all-reduce")
+    parser.add_argument("--plain", action="store_true", help="the same loop without InPlace")
+    args = parser.parse_args()
+    kill_rank, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
+    stop_rank, stop_step = (int(v) for v in args.stop.split("@")) if args.stop else (-1, -1)
+    torch.set_num_threads(1)
+    distcompat.init_distributed(device="cpu", timeout=args.timeout)
+    me = dist.get_rank()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks
+    exact = None if args.float else ExactGradients(net, micro_batches=plan.micro_batches)
+    model: torch.nn.Module = net
+    if args.ddp:
+        model = DistributedDataParallel(net)
+        if exact is not None:
+            model.register_comm_hook(None, exact.ddp_comm_hook)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    state = {"plan": plan} if exact is None else {"plan": plan, "exact": exact}
+    inplace = None if args.plain else InPlace(model, opt, state=state)
+    attempts = _plain(args.steps) if inplace is None else inplace.steps(args.steps)
+    began = time.perf_counter()
+    for attempt in attempts:
+        with attempt:
+            if me == kill_rank and attempt.step == kill_step:
+                print(f"rank {me}: killed at {time.time()!r}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if me == stop_rank and attempt.step == stop_step:
+                os.kill(os.getpid(), signal.SIGSTOP)
+            share = plan.share()
+            while True:
+                last = share.micro_batches[-1]
+                for micro in share.micro_batches:
+                    x, y = data(plan.step, micro)
+                    quiet = args.ddp and micro != last  # DDP syncs at the last micro-batch
+                    with model.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
+                        loss = torch.nn.functional.mse_loss(model(x), y) / plan.micro_batches
+                        if exact is not None:
+                            exact.add_loss(loss)
+                        loss.backward()  # type: ignore[no-untyped-call]
+                if exact is None:
+                    for param in net.parameters():
+                        assert param.grad is not None
+                        dist.all_reduce(param.grad)
+                    break
+                if exact.reduce().ok:
+                    break
+            opt.step()
+            opt.zero_grad()
+            plan.advance()
+        done = attempt.step + 1 if inplace is None else inplace.step
+        print(f"rank {me}: committed {done} {time.time()!r}", flush=True)
+    print(f"rank {me}: loop_s {time.perf_counter() - began!r}", flush=True)
+    for recovery in inplace.recoveries if inplace is not None else []:
+        lost = ",".join(map(str, recovery.lost))
+        print(f"rank {me}: recovery {recovery.epoch} {lost} {recovery.seconds:.4f} {recovery.how}")
+    print(f"rank {me}: world {dist.get_world_size()}", flush=True)
+    print(f"rank {me}: digest {digest(net)}", flush=True)
+    distcompat.destroy_distributed()
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

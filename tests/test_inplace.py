@@ -1,0 +1,90 @@
+"""A lost rank's survivors go on in place: real rank processes, every default on.
+
+Each job is ``tests/_inplace_script.py`` on 3 gloo ranks started as a launcher does
+(``run_ranks``: the store lives in the test process, as in torchrun's agent); one rank is
+SIGKILLed at the start of a step. On torch 2.14+ the group's gloo backend is reconfigured in
+place, on older releases a new one is made: the test runs on whatever torch is installed (CI:
+the newest and the floor).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from _rank_processes import Ended, run_ranks
+
+SCRIPT = Path(__file__).parent / "_inplace_script.py"
+STEPS = 8
+
+
+def _said(rank: Ended, what: str) -> list[str]:
+    return re.findall(rf"rank {rank.rank}: {what} (.+)", rank.stdout)
+
+
+def _digest(ranks: list[Ended], rank: int) -> str:
+    (found,) = _said(ranks[rank], "digest")
+    return found
+
+
+@pytest.fixture(scope="module")
+def uninterrupted() -> str:
+    """The exact-mode digest of the job with no rank lost (3 ranks)."""
+    ranks = run_ranks(SCRIPT, 3, args=("--steps", str(STEPS)), timeout=90)
+    assert [r.returncode for r in ranks] == [0, 0, 0], [r.stderr[-2000:] for r in ranks]
+    digests = {_digest(ranks, r) for r in range(3)}
+    assert len(digests) == 1
+    return digests.pop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("kill", "ddp"),
+    [("2@5", False), ("2@5", True), ("1@0", False)],
+    ids=["hand-written-step5", "ddp-step5", "hand-written-first-collective"],
+)
+def test_a_killed_rank_costs_a_regroup_and_the_bits_of_an_uninterrupted_run(
+    uninterrupted: str, kill: str, ddp: bool
+) -> None:
+    """Exact mode: the two survivors end with the digest of the uninterrupted 3-rank job."""
+    killed = int(kill.split("@")[0])
+    args = ("--steps", str(STEPS), "--kill", kill, *(("--ddp",) if ddp else ()))
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=90)
+    survivors = [r for r in ranks if r.rank != killed]
+    assert ranks[killed].returncode == -9
+    assert [r.returncode for r in survivors] == [0, 0], [r.stderr[-3000:] for r in survivors]
+    for rank in survivors:
+        assert _said(rank, "world") == ["2"]
+        assert _said(rank, "digest") == [uninterrupted]
+        (recovery,) = _said(rank, "recovery")
+        assert recovery.split()[:2] == ["1", str(killed)]  # epoch 1, the launch rank lost
+    said = "".join(r.stderr for r in survivors)
+    assert re.search(rf"launch rank\(s\) \[{killed}\] lost; 2 rank\(s\) go on in place", said)
+
+
+@pytest.mark.slow
+def test_without_exact_mode_the_survivors_stay_replicas() -> None:
+    """A float DDP job: not the uninterrupted bits (the sums' order follows the world size),
+    but both survivors hold the same parameters and finish every step."""
+    args = ("--steps", str(STEPS), "--kill", "2@4", "--ddp", "--float")
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=90)
+    assert [r.returncode for r in ranks[:2]] == [0, 0], [r.stderr[-3000:] for r in ranks[:2]]
+    assert _digest(ranks, 0) == _digest(ranks, 1)
+    assert _said(ranks[0], "committed")[-1].split()[0] == str(STEPS)
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_not_shrunk_away() -> None:
+    """Rank 2 SIGSTOPs itself: alive, so never proven ended. The survivors' collective times
+    out (a 4 s group timeout) and the job ends as before, with the typed error naming rank 2;
+    no rank goes on in place (two halves must never go on alone)."""
+    args = ("--steps", str(STEPS), "--stop", "2@3", "--timeout", "4")
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=90, stop_after=0)
+    for rank in ranks[:2]:
+        assert rank.returncode not in (0, None), rank.stderr[-3000:]
+        # the timeout's typed error names the stopped rank (through shared memory, the path's)
+        assert re.search(r"timed out.*not taking part \(rank 2\)", rank.stderr), rank.stderr[-3000:]
+        assert "go on in place" not in rank.stderr
+        assert _said(rank, "digest") == []
