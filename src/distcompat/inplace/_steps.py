@@ -162,9 +162,10 @@ class InPlace:
         """Yield an :class:`Attempt` until ``total`` optimizer steps are applied on every rank."""
         while True:
             while self._progress.applied < total:
-                before = self._progress.applied
+                before, recoveries = self._progress.applied, len(self._progress.history)
                 yield Attempt(self, before)
-                if self._progress.applied == before and not self._recovered_since(before):
+                recovered = len(self._progress.history) > recoveries
+                if self._progress.applied == before and not recovered:
                     raise InPlaceError(
                         f"attempt {before} ended without an optimizer step: each attempt "
                         "makes exactly one (optimizer.step() inside the with block)"
@@ -203,10 +204,6 @@ class InPlace:
             return result
 
         self._optimizer.step = counted
-
-    def _recovered_since(self, step: int) -> bool:
-        history = self._progress.history
-        return bool(history) and history[-1].step >= step and history[-1] is not None
 
     def _ended_ids(self) -> set[int]:
         """Return the ids of the current members the peer watch has seen end."""
