@@ -3,9 +3,11 @@
     python tests/_inplace_script.py --steps 12 --kill 2@5 [--ddp] [--float]
 
 ``--kill R@S``: launch rank R SIGKILLs itself at the start of step S (it prints the time
-first); ``--stop R@S``: it SIGSTOPs itself there (alive, not taking part). Each surviving rank
-prints ``rank R: digest HEX``, ``rank R: world W``, ``rank R: recovery EPOCH LOST SECONDS HOW``
-and ``rank R: committed S T`` (the step and when it committed, ``time.time()``).
+first; a replacement, ``TORCHELASTIC_RESTART_COUNT`` 1, does not); ``--stop R@S``: it SIGSTOPs
+itself there (alive, not taking part). Ranks name themselves by their launch rank (``RANK``): a
+replacement is a group of one until InPlace admits it. Each surviving rank prints
+``rank R: digest HEX``, ``rank R: world W``, ``rank R: recovery EPOCH LOST JOINED SECONDS HOW``
+(``-`` where none) and ``rank R: committed S T`` (the step and when it committed, ``time.time()``).
 """
 
 from __future__ import annotations
@@ -61,12 +63,19 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--float", action="store_true", help="no exact mode: a float all-reduce")
     parser.add_argument("--plain", action="store_true", help="the same loop without InPlace")
+    parser.add_argument(
+        "--pace", type=float, default=0.0,
+        help="seconds each step waits while the group is smaller than it started (so that a "
+        "replacement, which imports torch first, comes before the job ends)",
+    )  # fmt: skip
     args = parser.parse_args()
     kill_rank, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
     stop_rank, stop_step = (int(v) for v in args.stop.split("@")) if args.stop else (-1, -1)
     torch.set_num_threads(1)
     distcompat.init_distributed(device="cpu", timeout=args.timeout)
-    me = dist.get_rank()
+    me = int(os.environ["RANK"])
+    replacement = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    print(f"rank {me}: started {time.time()!r}", flush=True)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks
@@ -83,11 +92,13 @@ def main() -> None:
     began = time.perf_counter()
     for attempt in attempts:
         with attempt:
-            if me == kill_rank and attempt.step == kill_step:
+            if me == kill_rank and attempt.step == kill_step and not replacement:
                 print(f"rank {me}: killed at {time.time()!r}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if me == stop_rank and attempt.step == stop_step:
                 os.kill(os.getpid(), signal.SIGSTOP)
+            if dist.get_world_size() < int(os.environ["WORLD_SIZE"]):
+                time.sleep(args.pace)
             share = plan.share()
             while True:
                 last = share.micro_batches[-1]
@@ -114,7 +125,11 @@ def main() -> None:
     print(f"rank {me}: loop_s {time.perf_counter() - began!r}", flush=True)
     for recovery in inplace.recoveries if inplace is not None else []:
         lost = ",".join(map(str, recovery.lost))
-        print(f"rank {me}: recovery {recovery.epoch} {lost} {recovery.seconds:.4f} {recovery.how}")
+        joined = ",".join(map(str, recovery.joined)) or "-"
+        print(
+            f"rank {me}: recovery {recovery.epoch} {lost or '-'} {joined} "
+            f"{recovery.seconds:.4f} {recovery.how}"
+        )
     print(f"rank {me}: world {dist.get_world_size()}", flush=True)
     print(f"rank {me}: digest {digest(net)}", flush=True)
     distcompat.destroy_distributed()

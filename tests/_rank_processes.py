@@ -43,48 +43,59 @@ def run_ranks(
     args: Sequence[str] = (),
     timeout: float = 60.0,
     stop_after: int | None = None,
+    restart: Sequence[int] = (),
 ) -> list[Ended]:
     """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
 
     ``stop_after``: once that rank has exited, give the others 0.5 s, then kill them (a peer left
-    stuck on purpose). A rank killed by us has ``returncode`` None.
+    stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks whose
+    process a signal ends are started once more with the same environment and
+    ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with ``--max-restarts``; each
+    replacement's :class:`Ended` follows the first ``world_size`` (the same ``rank``).
     """
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     base = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
     base.update(env or {})
-    procs = []
-    for rank in range(world_size):
+
+    def start(rank: int, restarts: int) -> subprocess.Popen[str]:
         environ = dict(base)
         environ.update(local_rank_environ(rank, world_size, store.port))
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, str(script), *args],
-                env=environ,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+        environ["TORCHELASTIC_RESTART_COUNT"] = str(restarts)
+        return subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=environ,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
-    ended: dict[int, float] = {}
+
+    procs = [(rank, start(rank, 0)) for rank in range(world_size)]
+    left = set(restart)
+    ended: dict[int, float] = {}  # index in procs -> when it ended
     deadline = time.monotonic() + timeout
     stop_at: float | None = None
-    while len(ended) < world_size and time.monotonic() < deadline:
-        for rank, proc in enumerate(procs):
-            if rank not in ended and proc.poll() is not None:
-                ended[rank] = time.time()
+    while len(ended) < len(procs) and time.monotonic() < deadline:
+        for index, (rank, proc) in enumerate(list(procs)):
+            if index not in ended and proc.poll() is not None:
+                ended[index] = time.time()
                 if rank == stop_after:
                     stop_at = time.monotonic() + 0.5
+                if rank in left and proc.returncode < 0:
+                    left.discard(rank)
+                    procs.append((rank, start(rank, 1)))
         if stop_at is not None and time.monotonic() > stop_at:
             break
         time.sleep(0.05)
     results = []
-    for rank, proc in enumerate(procs):
-        killed = rank not in ended
+    for index, (rank, proc) in enumerate(procs):
+        killed = index not in ended
         if killed:
             proc.kill()
         out, err = proc.communicate(timeout=30)
         results.append(
-            Ended(rank, None if killed else proc.returncode, out, err, ended.get(rank, time.time()))
+            Ended(
+                rank, None if killed else proc.returncode, out, err, ended.get(index, time.time())
+            )
         )
     return results
 

@@ -18,6 +18,8 @@ from _rank_processes import Ended, run_ranks
 
 SCRIPT = Path(__file__).parent / "_inplace_script.py"
 STEPS = 8
+#: The grow jobs: long enough, at PACE_S a step while shrunk, for a replacement to import torch.
+GROW_STEPS, PACE_S = 30, 0.4
 
 
 def _said(rank: Ended, what: str) -> list[str]:
@@ -88,3 +90,41 @@ def test_a_stopped_rank_is_not_shrunk_away() -> None:
         assert re.search(r"timed out.*not taking part \(rank 2\)", rank.stderr), rank.stderr[-3000:]
         assert "go on in place" not in rank.stderr
         assert _said(rank, "digest") == []
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_grow() -> str:
+    """The exact-mode digest of the grow jobs' length with no rank lost (3 ranks)."""
+    ranks = run_ranks(SCRIPT, 3, args=("--steps", str(GROW_STEPS)), timeout=90)
+    assert [r.returncode for r in ranks] == [0, 0, 0], [r.stderr[-2000:] for r in ranks]
+    return _digest(ranks, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ddp", [False, True], ids=["hand-written", "ddp"])
+def test_a_replacement_joins_in_place_and_the_job_ends_with_the_uninterrupted_bits(
+    uninterrupted_grow: str, ddp: bool
+) -> None:
+    """Launch rank 2 is SIGKILLed at step 2 and started again as torchrun's agent does with
+    ``--max-restarts`` (same environment, ``TORCHELASTIC_RESTART_COUNT=1``; simulated by the
+    harness, in this process's store). The two survivors shrink and go on; the replacement's
+    init finds the running group, its InPlace is admitted at a step boundary, takes the state
+    from a survivor's memory, and all three end with the uninterrupted 3-rank job's digest."""
+    args = ("--steps", str(GROW_STEPS), "--kill", "2@2", "--pace", str(PACE_S))
+    ranks = run_ranks(
+        SCRIPT, 3, args=(*args, *(("--ddp",) if ddp else ())), timeout=120, restart=(2,)
+    )
+    first, replacement = ranks[2], ranks[3]
+    assert first.returncode == -9
+    finished = [ranks[0], ranks[1], replacement]
+    assert [r.returncode for r in finished] == [0, 0, 0], [r.stderr[-3000:] for r in finished]
+    for rank in finished:
+        assert _said(rank, "world") == ["3"]
+        assert _said(rank, "digest") == [uninterrupted_grow]
+    for rank in ranks[:2]:
+        shrink, grow = (line.split() for line in _said(rank, "recovery"))
+        assert shrink[:3] == ["1", "2", "-"]  # epoch 1: launch rank 2 lost
+        assert grow[:3] == ["2", "-", "3"]  # epoch 2: newcomer 3 (after the first 3 ids) joined
+    (admitted,) = _said(replacement, "recovery")
+    assert admitted.split()[0] == "2"
+    assert re.search(r"newcomer\(s\) \[3\] joined; 3 rank\(s\) go on in place", ranks[0].stderr)

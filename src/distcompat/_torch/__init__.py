@@ -38,6 +38,7 @@ from distcompat._torch._names import INTERNALS, Internal, internals_table
 from distcompat._torch._regroup import (
     can_reconfigure,
     ddp_comm_hooks,
+    joining_gloo,
     reconfigure,
     reconfigure_handle,
     set_world_view,
@@ -68,6 +69,7 @@ __all__ = [
     "end_record",
     "internals_table",
     "is_grad_enabled",
+    "joining_gloo",
     "parameters",
     "premul_sum",
     "profiler_enabled",

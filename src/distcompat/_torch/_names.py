@@ -137,6 +137,14 @@ INTERNALS: tuple[Internal, ...] = (
         "size, C++ callers the old ones (DDP gets a comm hook that divides by the new size)",
     ),
     Internal(
+        name="ProcessGroupGloo(enable_reconfigure=); a group's backend store "
+        "(group name, then device, under init's store)",
+        torch_has="2.14+",
+        used_by="joining_gloo",
+        missing="a newcomer makes a new gloo backend with the members under the epoch's "
+        "store prefix, as they do",
+    ),
+    Internal(
         name="DistributedDataParallel._update_process_group, _comm_hooks",
         torch_has="2.9-2.15",
         used_by="update_ddp_group, ddp_comm_hooks",

@@ -18,12 +18,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
 from torch._C import _distributed_c10d as _c10d_ext
 from torch.distributed import distributed_c10d as _c10d
 
 __all__ = [
     "can_reconfigure",
     "ddp_comm_hooks",
+    "joining_gloo",
     "reconfigure",
     "reconfigure_handle",
     "set_world_view",
@@ -72,6 +74,24 @@ def reconfigure(backend: Any, uuid: int, handles: list[str], timeout: timedelta)
     options.handles = list(handles)
     options.timeout = timeout
     backend.reconfigure(options).wait()
+
+
+def joining_gloo(store: Any, group_name: str, rank: int, timeout: timedelta) -> Any:
+    """Return a gloo backend that a running group's reconfigure can take (a newcomer's, 2.14+).
+
+    ``store``: the store the running group's default group was made from (``init_process_group(
+    store=...)``), ``group_name``: that group's name. A reconfigure meets its peers under its
+    backend's store, which torch's group helper puts under ``"{group_name}/"`` and
+    ``"{device}/"``; this backend is made under the same keys. ``rank``: unique among the
+    handles (a newcomer's id), since a handle names the rank it was made with; the backend
+    connects to no one until reconfigured (``enable_reconfigure``).
+
+    Example:
+        >>> callable(joining_gloo)
+        True
+    """
+    backend_store = dist.PrefixStore("cpu/", dist.PrefixStore(f"{group_name}/", store))
+    return dist.ProcessGroupGloo(backend_store, rank, rank + 1, timeout, True)
 
 
 def set_world_view(group: Any, size: int, store: Any) -> None:

@@ -218,7 +218,11 @@ class ExactGradients:
         """
         del state  # the group is the one given to ExactGradients
         params = bucket.parameters()
-        idx = [self._index[id(p)] for p in params]
+        # The sums go in parameter order, not the bucket's: ranks whose DDP rebuilt its buckets
+        # at different times (a newcomer that joined in place) may hold the same parameters in
+        # another order, and one all-reduce must pair the same integers everywhere.
+        laid = [self._index[id(p)] for p in params]  # the bucket buffer's order
+        idx = sorted(laid)
         last = bool(bucket.is_last())
         flat = torch.cat([self._accs[i] for i in idx] + ([self._loss] if last else []))
         maxes = self._maxes[idx]
@@ -239,10 +243,12 @@ class ExactGradients:
                 self._ddp_loss = self._loss_mean(flat[-1:])
             if not self._fits(idx, maxes):
                 return buffer.zero_()  # the step is redone; reduce() says so
-            offset = 0
-            for _, mean in self._means(idx, flat):
-                buffer[offset : offset + mean.numel()].copy_(mean)
-                offset += mean.numel()
+            starts, offset = {}, 0
+            for i in laid:
+                starts[i] = offset
+                offset += self._accs[i].numel()
+            for i, mean in self._means(idx, flat):
+                buffer[starts[i] : starts[i] + mean.numel()].copy_(mean)
             return buffer
 
         return future.then(settle)

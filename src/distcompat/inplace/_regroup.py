@@ -41,6 +41,7 @@ from distcompat.collectives.shm._path import close_all
 from distcompat.diagnostics._exit import forget_failures
 from distcompat.inplace._errors import InPlaceUnsupportedError, ShrinkRefusedError
 from distcompat.inplace._members import POLL_S, Members
+from distcompat.process_group._joining import init_prefix
 from distcompat.process_group._lifecycle import note_regroup
 
 __all__ = ["MemberLostError", "Regrouped", "regroup"]
@@ -74,6 +75,7 @@ def regroup(
     links: bool,
     lost: Callable[[], set[int]],
     deadline: float,
+    joining: str | None = None,
 ) -> Regrouped:
     """Make ``group`` (the default one) the group of ``new``'s members; this process is ``me``.
 
@@ -81,7 +83,9 @@ def regroup(
     epochs count from (``"3"``); ``links``: whether the peer watch links to other machines;
     ``lost()``: the members seen to end since they agreed (one that does raises
     :class:`MemberLostError`, and the survivors agree again); ``deadline``: ``time.monotonic()``
-    past which a member that never came raises :class:`ShrinkRefusedError`.
+    past which a member that never came raises :class:`ShrinkRefusedError`; ``joining``: in a
+    newcomer (a group of one until now), the members' group name: its reconfigurable backend
+    is made where theirs meet.
     """
     started = time.perf_counter()
     found, info = rendezvous(), recorded()
@@ -96,12 +100,15 @@ def regroup(
     timeout = info.timeout or _FALLBACK_TIMEOUT
     backend = group.backend
     if _torch.can_reconfigure(backend):
+        if joining is not None:  # its own backend's handle would be rank 0's, a member's too
+            members_store = dist.PrefixStore(init_prefix(base), store)
+            backend = _torch.joining_gloo(members_store, joining, me, timeout)
         epoch.set(f"handle/{rank}", _torch.reconfigure_handle(backend))
         keys = [f"handle/{r}" for r in range(size)]
         _wait_for(epoch, keys, lost, deadline)
         handles = [value.decode() for value in epoch.multi_get(keys)]
         _torch.reconfigure(backend, uuid, handles, timeout)
-        how, reconfigured = "gloo reconfigured in place", True
+        how, reconfigured = "gloo reconfigured in place", joining is None
     else:
         backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo", epoch), rank, size, timeout)
         how, reconfigured = "a new gloo backend (this torch's gloo has no reconfigure)", False

@@ -24,6 +24,7 @@ loop ends on every rank together. Nothing else runs per step.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator, Mapping
@@ -40,9 +41,11 @@ from distcompat._ranks import recorded, rendezvous
 from distcompat._store import QuickStore
 from distcompat.collectives import CollectiveError, all_reduce
 from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
+from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
 from distcompat.inplace._members import Members, agree_survivors
 from distcompat.inplace._regroup import MemberLostError, Regrouped, regroup
 from distcompat.inplace._state import Position, choose_source, positions, sync
+from distcompat.process_group import _joining
 
 __all__ = ["Attempt", "InPlace", "Recovery"]
 
@@ -61,14 +64,15 @@ class Recovery:
     """One regroup: who was lost, who went on, from which step, and the time of each part."""
 
     epoch: int
-    lost: tuple[int, ...]  # launch ranks
-    members: tuple[int, ...]  # launch ranks, in their new rank order
+    lost: tuple[int, ...]  # member ids (launch ranks; newcomers count on from the first size)
+    members: tuple[int, ...]  # member ids, in their new rank order
     step: int  # the step the group goes on from (steps applied)
     source: int  # the rank whose state every survivor took
     how: str
     agree_s: float
     regroup_s: float
     sync_s: float
+    joined: tuple[int, ...] = ()  # newcomers admitted (a grow)
 
     @property
     def seconds(self) -> float:
@@ -138,15 +142,19 @@ class InPlace:
         self._model, self._optimizer, self._state = model, optimizer, dict(state or {})
         self._progress = _Progress()
         self._grouped = dist.is_available() and dist.is_initialized()
-        self._members = Members(0, (0,))
-        self._me = 0
+        self._members = Members(0, (0,))  # the members of the epoch agreed last
+        self._watched = self._members  # the members the group and its peer watch have now
+        self._me, self._first = 0, 1
         self._store: QuickStore | None = None
+        self._admissions: Admissions | None = None
         self._base, self._links = "", True
         self._syncing = False  # inside a state sync that writes this rank's state
         self._regrouped_as: Regrouped | None = None
         if self._grouped:
             self._join_group()
         self._wrap_step()
+        if _joining.pending() is not None:
+            self._be_admitted()
 
     @property
     def step(self) -> int:
@@ -159,19 +167,32 @@ class InPlace:
         return list(self._progress.history)
 
     def steps(self, total: int) -> Iterator[Attempt]:
-        """Yield an :class:`Attempt` until ``total`` optimizer steps are applied on every rank."""
-        while True:
-            while self._progress.applied < total:
-                before, recoveries = self._progress.applied, len(self._progress.history)
-                yield Attempt(self, before)
-                recovered = len(self._progress.history) > recoveries
-                if self._progress.applied == before and not recovered:
-                    raise InPlaceError(
-                        f"attempt {before} ended without an optimizer step: each attempt "
-                        "makes exactly one (optimizer.step() inside the with block)"
-                    )
-            if self._confirmed_end():
-                return
+        """Yield an :class:`Attempt` until ``total`` optimizer steps are applied on every rank.
+
+        At each step boundary a newcomer the members agreed to admit joins (see ``_grow``).
+        """
+        if self._store is not None:
+            self._admissions = Admissions(self._store, self._members, self._me, self._first, total)
+        try:
+            while True:
+                while self._progress.applied < total:
+                    before, recoveries = self._progress.applied, len(self._progress.history)
+                    if self._admissions is not None:
+                        grow = self._admissions.boundary(before)
+                        if grow is not None:
+                            self._grow(grow)
+                            continue
+                    yield Attempt(self, before)
+                    recovered = len(self._progress.history) > recoveries
+                    if self._progress.applied == before and not recovered:
+                        raise InPlaceError(
+                            f"attempt {before} ended without an optimizer step: each attempt "
+                            "makes exactly one (optimizer.step() inside the with block)"
+                        )
+                if self._confirmed_end():
+                    return
+        finally:
+            self._end_admissions()
 
     # -- the parts of a recovery ------------------------------------------------------------
 
@@ -185,11 +206,60 @@ class InPlace:
                 "own, cannot take new members in place"
             )
         store, generation = found
-        self._me = dist.get_rank()
-        self._members = Members(0, tuple(range(dist.get_world_size())))
-        self._base = str(generation)
-        self._store = QuickStore(store, f"distcompat/inplace/generation{generation}/members")
-        self._links = info.local_world_size != info.world_size
+        newcomer = _joining.pending()
+        if newcomer is not None:  # a group of one until admitted (process_group._joining)
+            self._me, self._first = newcomer.id, newcomer.group.first
+            self._base, self._links = newcomer.group.base, newcomer.group.links
+        else:
+            self._me = dist.get_rank()
+            self._first = dist.get_world_size()
+            self._members = self._watched = Members(0, tuple(range(self._first)))
+            self._base = str(generation)
+            self._links = info.local_world_size != info.world_size
+            if self._me == 0:  # newcomers (a replaced rank) find the group through it
+                name = str(group.group_name)
+                announced = _joining.Announcement(self._base, self._first, self._links, name)
+                _joining.announce(store, announced)
+        self._store = QuickStore(store, _joining.prefix(self._base))
+
+    def _be_admitted(self) -> None:
+        """Wait until the members admit this newcomer, then take their state."""
+        assert self._store is not None
+        started = time.perf_counter()
+        new = wait_admitted(self._store, self._me, _deadline())
+        self._members = new
+        recovery = self._rebuild(Members(new.epoch - 1, ()), new, Position(0, True), started)
+        _joining.forget()
+        self._report(recovery)
+
+    def _grow(self, proposal: Proposal) -> None:
+        """At the agreed boundary: admit the newcomers, or go on as before if it fell through."""
+        assert self._admissions is not None
+        started = time.perf_counter()
+        first = self._members
+        try:
+            new = self._admissions.decide(proposal, self._ended_ids, _deadline())
+            if new is None:
+                return
+            self._members = new
+            recovery = self._rebuild(first, new, Position(self._progress.applied, False), started)
+        except InPlaceError:
+            raise
+        except Exception as error:  # a member lost while the group grew: recover from it
+            if not self._recover(error):
+                raise
+            return
+        self._report(recovery)
+
+    def _end_admissions(self) -> None:
+        """Admit no newcomer any more: the loop ended (the leader takes the notice back)."""
+        if self._admissions is not None:
+            self._admissions.stop()
+            self._admissions = None
+        found = rendezvous()
+        if found is not None and self._grouped and dist.get_rank() == 0:
+            with contextlib.suppress(Exception):  # best effort: a newcomer times out anyway
+                _joining.withdraw_announcement(found[0], self._base)
 
     def _wrap_step(self) -> None:
         """Count each whole optimizer step; know when an error came from inside one."""
@@ -206,9 +276,9 @@ class InPlace:
         self._optimizer.step = counted
 
     def _ended_ids(self) -> set[int]:
-        """Return the ids of the current members the peer watch has seen end."""
+        """Return the ids of the members the peer watch has seen end (its ranks: the group's)."""
         group = _torch.default_group()
-        return {self._members.id_of(rank) for rank in peers.gone_peers(group)}
+        return {self._watched.id_of(rank) for rank in peers.gone_peers(group)}
 
     def _lost_behind(self, error: BaseException) -> bool:
         """Whether ``error`` came with a peer's end seen (waiting for the evidence briefly)."""
@@ -251,16 +321,19 @@ class InPlace:
 
     def _regroup_once(self, first: Members, mine: Position) -> Recovery:
         """Agree, regroup, copy the furthest state: one try (see :meth:`_recover`)."""
-        progress = self._progress
         started = time.perf_counter()
         assert self._store is not None
-        info = recorded()
-        timeout_s = info.timeout.total_seconds() if info and info.timeout else 600.0
-        deadline = time.monotonic() + timeout_s
         new = agree_survivors(
-            self._store, self._members, me=self._me, ended=self._ended_ids, deadline=deadline
+            self._store, self._members, me=self._me, ended=self._ended_ids, deadline=_deadline()
         )
+        self._members = new  # a member lost from here on: the next agreement starts from it
+        return self._rebuild(first, new, mine, started)
+
+    def _rebuild(self, first: Members, new: Members, mine: Position, started: float) -> Recovery:
+        """Make the group ``new``'s (agreed from ``first``) and copy the furthest state."""
+        progress = self._progress
         agreed = time.perf_counter()
+        newcomer = _joining.pending()
         done: Regrouped = regroup(
             _torch.default_group(),
             new,
@@ -269,9 +342,12 @@ class InPlace:
             base=self._base,
             links=self._links,
             lost=lambda: self._ended_ids() & set(new.ids),  # the watch is still the old one
-            deadline=deadline,
+            deadline=_deadline(),
+            joining=None if newcomer is None else newcomer.group.group_name,
         )
-        self._members = new
+        self._watched = new
+        if self._admissions is not None:
+            self._admissions.reset(new)
         regrouped = time.perf_counter()
         found = positions(mine)
         source = choose_source(found)
@@ -285,6 +361,7 @@ class InPlace:
         recovery = Recovery(
             epoch=new.epoch,
             lost=tuple(sorted(set(first.ids) - set(new.ids))),
+            joined=tuple(sorted(set(new.ids) - set(first.ids))) if first.ids else (),
             members=new.ids,
             step=progress.applied,
             source=source,
@@ -302,10 +379,13 @@ class InPlace:
         assert done is not None
         self._progress.history.append(recovery)
         if done.rank == 0:
+            change = f"launch rank(s) {list(recovery.lost)} lost" if recovery.lost else ""
+            if recovery.joined:
+                change += f"{'; ' if change else ''}newcomer(s) {list(recovery.joined)} joined"
             _log.warning(
-                "distcompat: launch rank(s) %s lost; %d rank(s) go on in place from step %d "
+                "distcompat: %s; %d rank(s) go on in place from step %d "
                 "(epoch %d, %s; %.0f ms: agree %.0f, regroup %.0f, state %.0f)",
-                list(recovery.lost), done.world_size, recovery.step, recovery.epoch, done.how,
+                change, done.world_size, recovery.step, recovery.epoch, done.how,
                 recovery.seconds * 1e3, recovery.agree_s * 1e3, recovery.regroup_s * 1e3,
                 recovery.sync_s * 1e3,
             )  # fmt: skip
@@ -322,6 +402,13 @@ class InPlace:
                 raise
             return False
         return int(mark) == self._progress.applied
+
+
+def _deadline() -> float:
+    """Return the ``time.monotonic()`` past which a regroup gives up: the group timeout on."""
+    info = recorded()
+    timeout_s = info.timeout.total_seconds() if info and info.timeout else 600.0
+    return time.monotonic() + timeout_s
 
 
 def _is_collective(error: BaseException) -> bool:

@@ -29,6 +29,7 @@ from distcompat.launch._placement import (
 )
 from distcompat.launch._settings import choose_protection
 from distcompat.process_group._init_watch import watched
+from distcompat.process_group._joining import Joining, ask_to_join, init_prefix, prefix
 
 __all__ = ["DistInitError", "adopt_group", "create_group", "single_process"]
 
@@ -214,6 +215,57 @@ def _import_before_the_group() -> None:
         import torch.distributed.nn.functional  # noqa: F401
 
 
+def _can_join(protected: bool, picked: BackendChoice) -> bool:
+    """Whether this group could join a running one in place: distcompat's gloo group only."""
+    return protected and picked.backend == "gloo"
+
+
+def _join_alone(
+    store: dist.Store,
+    joining: Joining,
+    launch: LaunchEnv,
+    chosen: DeviceChoice,
+    picked: BackendChoice,
+    waited: TimeoutChoice,
+    group_reason: str,
+) -> DistInfo:
+    """Be a group of one until ``InPlace`` admits this process to the running group.
+
+    Its keys are its own (under the running group's, per newcomer id); its peer watch is empty.
+    """
+    keep_rendezvous(store, f"{joining.group.base}.newcomer{joining.id}")
+    _import_before_the_group()
+    dist.init_process_group(
+        backend=_protected_backend(picked.backend),
+        store=dist.PrefixStore(f"{prefix(joining.group.base)}/newcomer{joining.id}", store),
+        rank=0,
+        world_size=1,
+        timeout=waited.timeout,
+    )
+    peers.start(0, 1, links=joining.group.links)
+    return DistInfo(
+        rank=0,
+        local_rank=launch.local_rank,
+        world_size=1,
+        local_world_size=launch.local_world_size,
+        node_rank=launch.node_rank,
+        device=chosen.device,
+        backend=picked.backend,
+        timeout=waited.timeout,
+        launcher=launch.launcher,
+        has_group=True,
+        adopted=False,
+        device_reason=chosen.reason,
+        backend_reason=picked.reason,
+        timeout_reason=waited.reason,
+        group_reason=(
+            f"{group_reason}; joining the group that runs in place (launch rank "
+            f"{launch.rank}, newcomer {joining.id}): one rank of its own until InPlace "
+            "admits it at a step boundary"
+        ),
+    )
+
+
 def create_group(
     device: str | torch.device,
     backend: str | None,
@@ -235,18 +287,21 @@ def create_group(
     _bind(chosen)
     owner = "the launcher's agent" if launch.agent_store else "rank 0"
     where = f"{launch.master_addr}:{launch.master_port} (hosted by {owner})"
+    protection = choose_protection(picked.backend)
     with watched(watch_s, launch.rank, launch.world_size, where) as watch:
         store = _make_store(launch, waited.timeout)
+        joining = ask_to_join(store, launch.rank) if _can_join(protection.on, picked) else None
+        if joining is not None:
+            return _join_alone(store, joining, launch, chosen, picked, waited, protection.reason)
         # Each rank counts its own inits in the store; ranks init together, so the counts agree
         # and every generation rendezvouses under keys no earlier group has written.
         generation = store.add(f"distcompat/init_count/rank{launch.rank}", 1)
         watch.arrived(store, f"distcompat/arrived/generation{generation}")
         keep_rendezvous(store, generation)
         _import_before_the_group()
-        protection = choose_protection(picked.backend)
         dist.init_process_group(
             backend=_protected_backend(picked.backend) if protection.on else picked.backend,
-            store=dist.PrefixStore(f"distcompat/generation{generation}", store),
+            store=dist.PrefixStore(init_prefix(str(generation)), store),
             rank=launch.rank,
             world_size=launch.world_size,
             timeout=waited.timeout,

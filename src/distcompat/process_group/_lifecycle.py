@@ -62,6 +62,7 @@ from distcompat.process_group._environ import (
     bind_gloo_interface,
     export_torchrun_contract,
 )
+from distcompat.process_group._joining import forget as forget_joining
 
 if TYPE_CHECKING:  # the diagnostics are imported by init_distributed (see there)
     from distcompat.diagnostics import Watchdog
@@ -286,6 +287,7 @@ def destroy_distributed() -> None:
     global _current
     state, _current = _current, None
     record(None)
+    forget_joining()
     if state is not None and state.watchdog is not None:
         state.watchdog.stop()
     if state is not None and state.environ is not None:
