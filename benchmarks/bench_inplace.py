@@ -9,6 +9,10 @@ Usage::
   SIGKILLs itself at the start of step 5 after writing the time. The figure is rank 0's commit
   of that step, redone at W - 1 ranks, minus the kill (one clock: one machine), and rank 0's
   own account of the regroup (agree, group, state). Median and worst of ``--runs``.
+* **grow**: the same job at W ranks with the last rank SIGKILLed at step 2 and started again
+  by the harness as torchrun's agent does (``--max-restarts``); the figure is the time from the
+  replacement's process start (imports included) to its first committed step, and rank 0's
+  account of the grow. The steps wait 0.4 s while the group is short (``--pace``).
 * **per step**: the same job with no rank lost, with ``InPlace`` and without it (``--plain``,
   the same loop bare), alternated in one run: rank 0's loop time over ``--steps`` steps, and the
   ratio of the medians.
@@ -57,6 +61,32 @@ def recovery(world: int, runs: int) -> None:
     )
 
 
+def grow(world: int, runs: int) -> None:
+    from _rank_processes import run_ranks
+
+    killed = world - 1
+    took, parts = [], []
+    for _ in range(runs):
+        args = ("--steps", "40", "--kill", f"{killed}@2", "--pace", "0.4")
+        ranks = run_ranks(SCRIPT, world, args=args, timeout=120, restart=(killed,))
+        replacement = ranks[world]
+        (started,) = _value(replacement.stdout, killed, "started")
+        commits = re.findall(rf"rank {killed}: committed \d+ (\S+)", replacement.stdout)
+        if replacement.returncode != 0 or not commits:
+            print(f"  world {world}: FAILED\n{replacement.stderr[-2000:]}")
+            return
+        took.append(float(commits[0]) - float(started))
+        said = re.findall(r"(\d+) ms: agree (\d+), regroup (\d+), state (\d+)\)", ranks[0].stderr)
+        parts.append(said[-1] if said else ("?", "?", "?", "?"))
+    seconds = sorted(took)
+    print(
+        f"  {world - 1} -> {world} ranks: replacement start to its first committed step median "
+        f"{statistics.median(seconds):.2f} s, worst {seconds[-1]:.2f} s (runs: "
+        f"{', '.join(f'{t:.2f}' for t in seconds)}); rank 0's grow (total/agree/group/state ms): "
+        f"{'; '.join('/'.join(p) for p in parts)}"
+    )
+
+
 def per_step(world: int, runs: int, steps: int) -> None:
     from _rank_processes import run_ranks
 
@@ -89,6 +119,9 @@ def main() -> None:
     print("recovery:")
     for world in args.worlds:
         recovery(world, args.runs)
+    print("grow:")
+    for world in args.worlds:
+        grow(world, args.runs)
     print("per step:")
     per_step(2, args.runs, args.steps)  # 3 ranks on 2 cores: +-10 % between runs of one mode
 

@@ -12,8 +12,9 @@ The lines a training loop writes (every rank)::
 Modules: ``_members`` (who goes on: the survivors agree through the store, on proof of death
 only), ``_regroup`` (the default group takes them in place: gloo reconfigure on torch 2.14+,
 a new gloo backend elsewhere), ``_state`` (the furthest whole state, sent to every survivor),
-``_steps`` (the loop's :class:`InPlace`), ``_errors``. The contract and its limits:
-docs/resilience.md.
+``_grow`` (a replacement joins at a step boundary every member agreed to; its init is
+``distcompat.process_group._joining``), ``_steps`` (the loop's :class:`InPlace`), ``_errors``.
+The contract and its limits: docs/resilience.md.
 """
 
 from distcompat.inplace._errors import (

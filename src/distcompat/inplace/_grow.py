@@ -122,10 +122,11 @@ class Admissions:
         else:
             _wait(store, [decided], members, ended, deadline)
             agreed = store.get(decided) == b"yes"
-        with self._lock:
+        with self._lock:  # this proposal is over: the watch looks for the next one
             self._pending = None
-            if not agreed:
-                self._number += 1
+            self._number += 1
+            if agreed:
+                self._admitted |= set(proposal.ids)
         if not agreed:
             return None
         ids = json.loads(store.get(f"epoch{members.epoch + 1}/members"))

@@ -18,8 +18,11 @@ gives the step again, now at the new size. ``attempt.step`` is the step to run: 
 steps the group has applied. What cannot go on in place raises an :class:`InPlaceError` (the job
 ends as before, and a restart resumes it); an error with no lost peer behind it is raised as is.
 
-After the last step the ranks confirm with one small collective that none was lost in it: the
-loop ends on every rank together. Nothing else runs per step.
+A process started after the group (a replaced rank) is a group of one from its init until its
+``InPlace`` is admitted: the members agree on a step boundary (``_grow``), regroup with it there
+and send it the state, as after a loss. After the last step the ranks confirm with one small
+collective that none was lost in it: the loop ends on every rank together. Per step the loop
+takes one lock (the boundary); a thread polls the store for newcomers every 50 ms.
 """
 
 from __future__ import annotations
