@@ -55,12 +55,13 @@ def _plain(steps: int) -> Iterator[_Step]:
 
 
 def process_started() -> float:
-    """When this process started (``time.time()``, from /proc: 10 ms steps), imports included."""
-    with open("/proc/stat") as stat:
-        boot = next(float(line.split()[1]) for line in stat if line.startswith("btime"))
+    """When this process started (``time.time()``; imports included), from /proc: its start
+    and the uptime, both since boot in 10 ms steps (the boot time itself is whole seconds)."""
     with open(f"/proc/{os.getpid()}/stat") as own:
         ticks = float(own.read().rsplit(")", 1)[1].split()[19])
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as uptime:
+        up = float(uptime.read().split()[0])
+    return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def main() -> None:
@@ -84,7 +85,7 @@ def main() -> None:
     distcompat.init_distributed(device="cpu", timeout=args.timeout)
     me = int(os.environ["RANK"])
     replacement = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
-    print(f"rank {me}: started {process_started()!r}", flush=True)
+    print(f"rank {me}: started {process_started()!r} pid {os.getpid()}", flush=True)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks

@@ -38,6 +38,7 @@ from types import FrameType
 from cases import CASES, Case, Context, Need
 from elastic import RESTARTS, Restart
 from faults import FAULTS
+from inplace import INPLACE
 from netns import TwoNodes
 from preempted import PREEMPTED
 from report import read_reports
@@ -109,13 +110,16 @@ def _restart_item(restart: Restart) -> Item:
 ITEMS = (
     *(_launch_item(case) for case in CASES if case.needs == "host"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "host"),
+    *(_restart_item(r) for r in INPLACE if r.needs == "host"),
     *(_restart_item(w) for w in WATCHED if w.needs == "host"),
     *(_restart_item(p) for p in PREEMPTED if p.needs == "host"),
     *(_launch_item(case) for case in CASES if case.needs == "slurm"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "slurm"),
+    *(_restart_item(r) for r in INPLACE if r.needs == "slurm"),
     *(_restart_item(p) for p in PREEMPTED if p.needs == "slurm"),
     *(_launch_item(case) for case in CASES if case.needs == "netns"),
     *(_restart_item(r) for r in RESTARTS if r.needs == "netns"),
+    *(_restart_item(r) for r in INPLACE if r.needs == "netns"),
     *(Item(kind="fault", name=f.name, needs="netns", timeout=0, run=f.run) for f in FAULTS),
 )
 
