@@ -74,6 +74,10 @@ def main() -> None:
     parser.add_argument("--float", action="store_true", help="no exact mode: a float all-reduce")
     parser.add_argument("--plain", action="store_true", help="the same loop without InPlace")
     parser.add_argument(
+        "--subgroup", action="store_true",
+        help="make a subgroup of every rank first; at the end, say what a collective on it does",
+    )  # fmt: skip
+    parser.add_argument(
         "--pace", type=float, default=0.0,
         help="seconds each step waits while the group is smaller than it started (so that a "
         "replacement, which imports torch first, comes before the job ends)",
@@ -97,6 +101,11 @@ def main() -> None:
             model.register_comm_hook(None, exact.ddp_comm_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     state = {"plan": plan} if exact is None else {"plan": plan, "exact": exact}
+    subgroup = None
+    if args.subgroup:
+        made = dist.new_group(list(range(dist.get_world_size())))
+        assert isinstance(made, dist.ProcessGroup)  # every rank is a member
+        subgroup = made
     inplace = None if args.plain else InPlace(model, opt, state=state)
     attempts = _plain(args.steps) if inplace is None else inplace.steps(args.steps)
     began = time.perf_counter()
@@ -140,6 +149,17 @@ def main() -> None:
             f"rank {me}: recovery {recovery.epoch} {lost or '-'} {joined} "
             f"{recovery.seconds:.4f} {recovery.how}"
         )
+    if subgroup is not None:
+        for name, call in (
+            ("distcompat", lambda: distcompat.all_reduce(torch.ones(1), group=subgroup)),
+            ("torch", lambda: dist.all_reduce(torch.ones(1), group=subgroup)),
+            ("size", lambda: dist.get_world_size(subgroup)),
+        ):
+            try:
+                call()
+                print(f"rank {me}: subgroup {name} ran", flush=True)
+            except Exception as error:
+                print(f"rank {me}: subgroup {name} {type(error).__name__}", flush=True)
     print(f"rank {me}: world {dist.get_world_size()}", flush=True)
     print(f"rank {me}: digest {digest(net)}", flush=True)
     distcompat.destroy_distributed()

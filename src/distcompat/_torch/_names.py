@@ -153,7 +153,7 @@ INTERNALS: tuple[Internal, ...] = (
     Internal(
         name="distributed_c10d._world.pg_group_ranks, pg_map",
         torch_has="2.9-2.15",
-        used_by="set_world_view",
+        used_by="set_world_view, other_groups, forget_group_ranks",
         missing="nothing yet: torch's ranks of a group and its store",
     ),
     Internal(

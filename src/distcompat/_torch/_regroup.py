@@ -25,7 +25,9 @@ from torch.distributed import distributed_c10d as _c10d
 __all__ = [
     "can_reconfigure",
     "ddp_comm_hooks",
+    "forget_group_ranks",
     "joining_gloo",
+    "other_groups",
     "reconfigure",
     "reconfigure_handle",
     "set_world_view",
@@ -92,6 +94,31 @@ def joining_gloo(store: Any, group_name: str, rank: int, timeout: timedelta) -> 
     """
     backend_store = dist.PrefixStore("cpu/", dist.PrefixStore(f"{group_name}/", store))
     return dist.ProcessGroupGloo(backend_store, rank, rank + 1, timeout, True)
+
+
+def other_groups(group: Any) -> list[Any]:
+    """Return the groups torch knows besides ``group`` (the default one): subgroups, meshes'.
+
+    Example:
+        >>> other_groups(None)
+        []
+    """
+    world: Any = _c10d._world
+    return [known for known in world.pg_map if known is not group]
+
+
+def forget_group_ranks(groups: list[Any]) -> None:
+    """Empty torch's record of ``groups``' ranks (groups of members the default group lost).
+
+    ``get_rank(group)`` then raises torch's "not part of group" error, not the old rank.
+
+    Example:
+        >>> forget_group_ranks([])
+    """
+    world: Any = _c10d._world
+    for group in groups:
+        if group in world.pg_group_ranks:
+            world.pg_group_ranks[group] = {}
 
 
 def set_world_view(group: Any, size: int, store: Any) -> None:

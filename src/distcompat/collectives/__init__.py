@@ -40,7 +40,7 @@ from distcompat.collectives._coalesced import all_reduce_coalesced, reduce_scatt
 from distcompat.collectives._ddp_hook import allreduce_hook
 from distcompat.collectives._errors import CollectiveError, CollectiveTimeoutError, PeerLostError
 from distcompat.collectives._explain import CollectivePlan, explain_collective
-from distcompat.collectives._group import NotInGroupError
+from distcompat.collectives._group import NotInGroupError, StaleGroupError
 from distcompat.collectives._movement import all_gather, all_gather_into_tensor, broadcast
 from distcompat.collectives._objects import (
     all_gather_object,
@@ -85,6 +85,7 @@ __all__ = [
     "ProtectedGroup",
     "SharedMemoryFallbackWarning",
     "ShmStatus",
+    "StaleGroupError",
     "UnsupportedCollectiveError",
     "all_gather",
     "all_gather_into_tensor",

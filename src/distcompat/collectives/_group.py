@@ -18,6 +18,7 @@ from distcompat._ranks import recorded
 __all__ = [
     "FALLBACK_TIMEOUT_S",
     "NotInGroupError",
+    "StaleGroupError",
     "backend_for",
     "global_rank",
     "group_rank_of",
@@ -25,6 +26,7 @@ __all__ = [
     "group_timeout_s",
     "is_root",
     "rank_in",
+    "refuse_stale",
     "root_kwargs",
 ]
 
@@ -33,13 +35,35 @@ class NotInGroupError(ValueError):
     """A rank called a collective on a group it is not a member of."""
 
 
+class StaleGroupError(RuntimeError):
+    """A collective on a group made before the default group changed members in place.
+
+    ``distcompat.inplace`` fences every other group when the default one regroups: their
+    members, ranks and connections are the old epoch's. Make the group again (``new_group``,
+    a new device mesh) after the regroup.
+    """
+
+
+def refuse_stale(group: Any) -> None:
+    """Raise :class:`StaleGroupError` for a group fenced by an in-place regroup.
+
+    Example:
+        >>> refuse_stale(None)   # the default group: never fenced
+    """
+    fenced = getattr(group, "fenced", "") if group is not None else ""
+    if fenced:
+        raise StaleGroupError(fenced)
+
+
 def group_size(group: Any) -> int:
     """Return the world size of ``group``; 1 when no process group exists.
 
-    Raises :class:`NotInGroupError` where torch would warn and silently return None.
+    Raises :class:`NotInGroupError` where torch would warn and silently return None, and
+    :class:`StaleGroupError` for a group an in-place regroup fenced.
     """
     if not (dist.is_available() and dist.is_initialized()):
         return 1
+    refuse_stale(group)
     if group is not None and dist.get_rank(group) < 0:
         raise NotInGroupError(
             f"rank {dist.get_rank()} called a collective on a group it does not belong to "
@@ -52,6 +76,7 @@ def rank_in(group: Any) -> int:
     """Return this process's rank within ``group`` (0 when no process group exists)."""
     if not (dist.is_available() and dist.is_initialized()):
         return 0
+    refuse_stale(group)
     return dist.get_rank(group)
 
 

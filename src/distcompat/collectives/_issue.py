@@ -14,6 +14,7 @@ from typing import Any
 
 from distcompat.collectives import _checked
 from distcompat.collectives._errors import raise_typed
+from distcompat.collectives._group import refuse_stale
 from distcompat.collectives._wire import Finish, Transport
 from distcompat.collectives._work import CompatWork, done_if_async, finish_now
 from distcompat.collectives.agree import _state, wait_answering
@@ -32,8 +33,10 @@ def issue(
     """Run ``call(async_op)``; finish now (sync) or when the op completes (async).
 
     Backend failures come out typed (:class:`PeerLostError`, :class:`CollectiveTimeoutError`).
-    ``call`` None: nothing to send (one rank), ``finish`` runs now.
+    ``call`` None: nothing to send (one rank), ``finish`` runs now. A group an in-place regroup
+    fenced raises :class:`StaleGroupError` before anything is sent.
     """
+    refuse_stale(group)
     if call is None:
         if finish is not None:
             finish_now(finish, result)

@@ -38,6 +38,7 @@ from distcompat import _torch
 from distcompat.collectives import _entry
 from distcompat.collectives._all_to_all import all_to_all, all_to_all_single
 from distcompat.collectives._coalesced import all_reduce_coalesced
+from distcompat.collectives._group import StaleGroupError
 from distcompat.collectives._handover import Caller, shielded
 from distcompat.collectives._movement import all_gather, all_gather_into_tensor, broadcast
 from distcompat.collectives._p2p import barrier, irecv, isend
@@ -183,7 +184,20 @@ class ProtectedGroup(dist.ProcessGroup):
         self.protects = name
         self._group_name = ""
         self.retired: list[Any] = []  # backends of earlier members (see regrouped)
+        self.fenced = ""  # why its collectives refuse: made before an in-place regroup
         _torch.register_cpu_backend(self, backend)
+
+    def fence(self, reason: str) -> None:
+        """Refuse every collective, and the rank and size, from now on (``StaleGroupError``).
+
+        The default group changed members in place, and this group holds the old ones.
+        """
+        self.fenced = reason
+
+        def refuse() -> int:
+            raise StaleGroupError(reason)
+
+        vars(self)["rank"] = vars(self)["size"] = refuse  # for Python callers (torch's too)
 
     def regrouped(self, backend: Any) -> None:
         """Go on with ``backend``, a gloo group of new members (``distcompat.inplace``).

@@ -17,6 +17,7 @@ a new gloo backend elsewhere), ``_state`` (the furthest whole state, sent to eve
 The contract and its limits: docs/resilience.md.
 """
 
+from distcompat.collectives._group import StaleGroupError
 from distcompat.inplace._errors import (
     FencedError,
     InPlaceError,
@@ -34,5 +35,6 @@ __all__ = [
     "InPlaceUnsupportedError",
     "Recovery",
     "ShrinkRefusedError",
+    "StaleGroupError",
     "StateLostError",
 ]

@@ -16,8 +16,8 @@ After :func:`~distcompat.inplace._members.agree_survivors`, every survivor calls
   peers' identities and their watch, the failure noted for the lost op, and the rank record
   (``get_rank``, ``init_distributed``'s :class:`DistInfo`).
 
-Subgroups made before hold the lost rank's members: they are not regrouped (a later change may
-fence them with a typed error; until then their collectives fail as on a lost peer).
+Groups made before (subgroups, a device mesh's) hold the old members: they are fenced, and
+their collectives raise :class:`~distcompat.collectives.StaleGroupError`.
 
 Example:
     >>> Regrouped(rank=0, world_size=2, how="gloo reconfigured in place", seconds=0.002).world_size
@@ -113,6 +113,7 @@ def regroup(
         backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo", epoch), rank, size, timeout)
         how, reconfigured = "a new gloo backend (this torch's gloo has no reconfigure)", False
     group.regrouped(backend)
+    _fence_others(group, new)
     _forget(group)
     _torch.set_world_view(group, size, dist.PrefixStore("group", epoch))
     keep_rendezvous(store, f"{base}.{new.epoch}")
@@ -131,6 +132,26 @@ def _wait_for(store: Any, keys: list[str], lost: Callable[[], set[int]], deadlin
         if time.monotonic() > deadline:
             raise ShrinkRefusedError("a member agreed on never came to the regroup's handles")
         time.sleep(POLL_S)
+
+
+def _fence_others(group: Any, new: Members) -> None:
+    """Make every group made before this regroup refuse its collectives (a typed error).
+
+    Their members are ranks of the epoch before: a collective on one would wait for a lost
+    rank, or pair ranks the regroup renumbered. Their rank and size refuse too, and torch's
+    record of their ranks is emptied, so its world views (``get_world_size(sub)``,
+    ``get_rank(sub)``) raise rather than answer the old numbers.
+    """
+    reason = (
+        f"this group was made before the default group changed members in place (epoch "
+        f"{new.epoch}: launch ranks {list(new.ids)}); its members are the old ones: make it "
+        "again after the regroup (new_group, a new device mesh)"
+    )
+    for other in _torch.other_groups(group):
+        fence = getattr(other, "fence", None)
+        if callable(fence):
+            fence(reason)
+    _torch.forget_group_ranks(_torch.other_groups(group))
 
 
 def _forget(group: Any) -> None:

@@ -314,7 +314,8 @@ class InPlace:
             except InPlaceError:
                 raise
             except Exception as again:  # a member lost during it: a collective failed, or
-                if not isinstance(again, MemberLostError) and not self._lost_behind(again):
+                lost = _is_collective(again) and self._lost_behind(again)  # not any error
+                if not isinstance(again, MemberLostError) and not lost:
                     raise
                 mine = Position(mine.applied, mine.torn or self._syncing)
         else:
