@@ -1,8 +1,10 @@
 """``distcompat demo`` at several world sizes and across a resize (``nox -s anysize``).
 
-Exact mode: the final parameters' SHA-256 is the same at 1, 2, 3 and 4 ranks and after a
-2->3 and a 3->2 resize. Default mode: a 2->3 resize keeps the global batch and the global data
-position (every sample once) and ends PASS. Each run is the real command with every default on.
+Exact mode: the final parameters' SHA-256 is the same at 1, 2, 3 and 4 ranks, after a 2->3 and
+a 3->2 resize, and after a rank lost in place (``--kill 1@6 --in-place``: the other goes on
+alone, no restart). Default mode: a 2->3 resize, and a rank lost in place, keep the global batch
+and the global data position (every sample once) and end PASS. Each run is the real command
+with every default on.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ def exact_one_rank(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     "flags",
-    [("--nproc", "2"), ("--nproc", "3"), ("--resize", "2:3@6"), ("--resize", "3:2@6")],
-    ids=["2 ranks", "3 ranks", "2->3", "3->2"],
-)
+    [
+        ("--nproc", "2"), ("--nproc", "3"), ("--resize", "2:3@6"), ("--resize", "3:2@6"),
+        ("--kill", "1@6", "--in-place"),
+    ],
+    ids=["2 ranks", "3 ranks", "2->3", "3->2", "2->1 in place"],
+)  # fmt: skip
 def test_exact_mode_ends_with_the_same_bits(
-    flags: tuple[str, str], exact_one_rank: dict[str, Any], tmp_path: Path
+    flags: tuple[str, ...], exact_one_rank: dict[str, Any], tmp_path: Path
 ) -> None:
     manifest = _demo(tmp_path / "run", "--exact", *flags)
     assert manifest["final_params_sha256"] == exact_one_rank["final_params_sha256"]
@@ -64,6 +69,20 @@ def test_exact_mode_ends_with_the_same_bits(
         assert manifest["restarts"] == 1
         assert (sizes["resumed_from_world_size"], sizes["world_size"]) == (old, new)
         assert sizes["resize"] == flags[1]
+    if "--in-place" in flags:
+        _assert_went_on_in_place(manifest)
+
+
+def _assert_went_on_in_place(manifest: dict[str, Any]) -> None:
+    """Rank 1 was killed at step 6; rank 0 went on alone, in the same process, no restart."""
+    assert manifest["restarts"] == 0
+    assert manifest["sizes"]["world_size"] == 1
+    timings = manifest["restart_timings"]
+    assert timings["in_place"]
+    assert (timings["killed_rank"], timings["killed_at_step"]) == (1, 6)
+    assert timings["world_size_after"] == 1
+    assert timings["went_on_from_step"] in (5, 6)  # the lost step redone, or it was whole
+    assert timings["lost_s"] > 0
 
 
 def test_exact_mode_at_four_ranks(exact_one_rank: dict[str, Any], tmp_path: Path) -> None:
@@ -84,3 +103,16 @@ def test_default_mode_resize_keeps_the_global_batch_and_every_sample_once(tmp_pa
     assert sizes["samples_consumed"] == 12 * 12
     assert len(manifest["losses"]) == 12
     assert manifest["preemption"]["step"] == 6  # every rank stopped together after step 6
+
+
+def test_default_mode_in_place_keeps_the_global_batch_and_every_sample_once(
+    tmp_path: Path,
+) -> None:
+    """Float mode, a replicated AdamW: the survivor takes the whole global batch from step 6."""
+    manifest = _demo(tmp_path / "run", "--kill", "1@6", "--in-place")
+    sizes = manifest["sizes"]
+    assert sizes["mode"] == "float"
+    assert sizes["global_batch"] == 12
+    assert sizes["samples_consumed"] == 12 * 12
+    assert len(manifest["losses"]) == 12
+    _assert_went_on_in_place(manifest)

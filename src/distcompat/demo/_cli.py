@@ -91,6 +91,8 @@ _HELP: dict[str, str] = {
     "(needs --global-batch)",
     "resize": "OLD:NEW@STEP: start OLD ranks, stop them together after step STEP, finish on NEW "
     "ranks (the demo's own ranks only)",
+    "in_place": "a lost rank (--kill) costs a regroup, not a restart: the other ranks go on in "
+    "place at the new size, the global batch kept (distcompat.inplace)",
 }
 
 
@@ -142,7 +144,7 @@ def add_demo_parser(commands: Any) -> argparse.ArgumentParser:
     for item in fields(DemoConfig):
         flag = "--" + item.name.replace("_", "-")
         shown = shown_default(item.name)
-        if item.name in ("sweep", "exact"):
+        if item.name in ("sweep", "exact", "in_place"):
             parser.add_argument(flag, action="store_true", help=_HELP[item.name])
         elif item.name == "out":
             parser.add_argument(flag, type=Path, default=DEFAULT_OUT, help=_HELP["out"] + shown)

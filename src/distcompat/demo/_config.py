@@ -39,7 +39,10 @@ class DemoConfig:
     forward; default ``batch_size``) fix the step at every world size; without them
     ``batch_size`` is per rank, as before. ``exact`` sums gradients as integers (the same bits at
     any world size; needs ``global_batch``). ``resize="OLD:NEW@STEP"`` starts OLD ranks, stops
-    them together after STEP and finishes on NEW ranks.
+    them together after STEP and finishes on NEW ranks. ``in_place``: a lost rank costs a regroup,
+    not a restart (``distcompat.inplace``): the others go on at the new size with a replicated
+    AdamW, the global batch kept (``batch_size`` times the starting ranks without
+    ``global_batch``).
 
     Example:
         >>> config = DemoConfig(out=Path("x"), steps=10)
@@ -74,6 +77,7 @@ class DemoConfig:
     micro_batch: int | None = None
     exact: bool = False
     resize: str | None = None
+    in_place: bool = False
 
     def __post_init__(self) -> None:
         positive = (
@@ -122,7 +126,9 @@ class DemoConfig:
                 raise DemoConfigError(f"--{_flag(name)}={value} must be at least 1")
         if self.micro_batch is not None and self.global_batch is None:
             raise DemoConfigError("--micro-batch needs --global-batch (the step's sequences)")
-        if self.exact and self.global_batch is None:
+        if self.in_place and self.resize is not None:
+            raise DemoConfigError("--in-place and --resize: give one of them")
+        if self.exact and self.plan is None:
             raise DemoConfigError(
                 "--exact needs --global-batch N: the same bits at every world size need a "
                 "step of the same sequences, whatever the number of ranks"
@@ -159,10 +165,12 @@ class DemoConfig:
             >>> DemoConfig(out=Path("x"), global_batch=16, micro_batch=4).plan.micro_batches
             4
         """
-        if self.global_batch is None:
+        if self.global_batch is None and not self.in_place:
             return None
         micro = self.batch_size if self.micro_batch is None else self.micro_batch
-        return TrainPlan(global_batch=self.global_batch, micro_batch=micro, seed=self.seed)
+        steady = self.batch_size * self.world_size  # in place: the starting ranks' batch
+        size = steady if self.global_batch is None else self.global_batch
+        return TrainPlan(global_batch=size, micro_batch=micro, seed=self.seed)
 
     @property
     def resize_target(self) -> tuple[int, int, int] | None:
@@ -259,7 +267,7 @@ class DemoConfig:
         """Restarts the demo's own supervisor allows (1 with ``--kill`` or ``--preempt``)."""
         if self.max_restarts is not None:
             return self.max_restarts
-        planned = (self.kill, self.preempt, self.resize)
+        planned = (None if self.in_place else self.kill, self.preempt, self.resize)
         return 1 if any(value is not None for value in planned) else 0
 
     @property

@@ -226,12 +226,15 @@ def launch_ranks(config: DemoConfig, nproc: int, *, attempt: int = 0) -> LaunchO
     command = [sys.executable, "-m", "distcompat", "demo", *per_rank.to_argv()]
     processes: list[subprocess.Popen[bytes]] = []
     order: list[int] = []  # ranks in the order they were seen failing
+    # --in-place: the rank --kill names is SIGKILLed on purpose and the others go on without it
+    target = config.kill_target if config.in_place and attempt == 0 else None
+    spared = {target[0]} if target is not None else set()
     with _sigterm_as_exit():
         try:
             for rank in range(nproc):
                 env = _child_environ(rank, nproc, store.port, status_dir, attempt)
                 processes.append(subprocess.Popen(command, env=env))
-            failure_seen_at = _watch(processes, status_dir, order)
+            failure_seen_at = _watch(processes, status_dir, order, spared)
         except KeyboardInterrupt:
             _stop(processes)
             return LaunchOutcome(exit_code=130, failed_rank=None, message="interrupted: stopped")
@@ -244,21 +247,29 @@ def launch_ranks(config: DemoConfig, nproc: int, *, attempt: int = 0) -> LaunchO
         int(s["exit_code"]) if s is not None else p.returncode
         for s, p in zip(statuses, processes, strict=True)
     ]
-    if order or any(s is None for s in statuses):
-        order += [r for r, s in enumerate(statuses) if s is None and r not in order]
+    lost = {r for r in spared if processes[r].returncode == -signal.SIGKILL}
+    if order or any(s is None for r, s in enumerate(statuses) if r not in lost):
+        order += [r for r, s in enumerate(statuses) if s is None and r not in {*order, *lost}]
         failure = _describe_failure(status_dir, order, codes, nproc)
         return replace(failure, failure_seen_at=failure_seen_at, stopped_at=stopped_at)
     note = f" (rank(s) {hung} reported but hung on exit and were killed)" if hung else ""
+    if lost:
+        note += f"; rank(s) {sorted(lost)} killed as planned, the others went on in place"
     shutil.rmtree(status_dir, ignore_errors=True)
-    return LaunchOutcome(exit_code=max(codes), failed_rank=None, message=FINISHED + note)
+    exit_code = max(code for r, code in enumerate(codes) if r not in lost)
+    return LaunchOutcome(exit_code=exit_code, failed_rank=None, message=FINISHED + note)
 
 
 def _watch(
-    processes: list[subprocess.Popen[bytes]], status_dir: Path, order: list[int]
+    processes: list[subprocess.Popen[bytes]],
+    status_dir: Path,
+    order: list[int],
+    spared: set[int],
 ) -> float | None:
     """Poll until every child exited; record failing ranks in ``order``; give up on stragglers.
 
-    Returns when (wall time) the first failure was seen, or None.
+    A rank in ``spared`` that is SIGKILLed (``--in-place``'s planned kill) is no failure: the
+    others go on without it. Returns when (wall time) the first failure was seen, or None.
     """
     nproc = len(processes)
     failed_at: float | None = None
@@ -268,6 +279,8 @@ def _watch(
         codes = [p.poll() for p in processes]
         now = time.monotonic()
         for rank, code in enumerate(codes):
+            if rank in spared and code == -signal.SIGKILL:
+                continue
             if code not in (None, 0, EXIT_CHECK_FAILED) and rank not in order:
                 order.append(rank)
                 failed_at = failed_at or now
@@ -276,7 +289,8 @@ def _watch(
             return seen_at
         if failed_at is not None and now - failed_at > _FAILURE_GRACE_S:
             return seen_at  # the rest are stuck waiting for a peer that is gone
-        if all(_read_status(status_dir, r) is not None for r in range(nproc)):
+        gone = {r for r in spared if codes[r] == -signal.SIGKILL}
+        if all(_read_status(status_dir, r) is not None for r in range(nproc) if r not in gone):
             reported_at = reported_at or now
             if now - reported_at > _EXIT_GRACE_S:
                 return seen_at  # every rank is done; one hangs on teardown

@@ -188,8 +188,8 @@ class RunReport:
             ),
             "tokens_per_step": (
                 config.batch_size * self.info.world_size
-                if config.global_batch is None
-                else config.global_batch
+                if config.plan is None
+                else config.plan.global_batch
             )
             * config.seq_len,
             "sizes": self.sizes,
@@ -297,6 +297,15 @@ def _restart_line(timings: dict[str, Any] | None) -> str:
         value = timings.get(key)
         return "?" if value is None else f"{value:.1f} s"
 
+    if timings.get("in_place"):
+        lost = timings.get("lost_s")
+        return (
+            f" (rank {timings.get('killed_rank')} killed at step {timings.get('killed_at_step')}; "
+            f"{timings.get('world_size_after')} rank(s) went on in place from step "
+            f"{timings.get('went_on_from_step')}: regroup {timings['regroup_s'] * 1e3:.0f} ms, "
+            f"{timings.get('how')}; the killed step committed "
+            f"{'?' if lost is None else f'{lost:.2f}'} s after the kill)"
+        )
     if timings.get("killed_rank") is None:  # not a kill: a stop on purpose (see preemptions)
         return (
             f" (resumed after step {timings.get('resumed_after_step')}, "

@@ -19,7 +19,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "RESTART_COUNT_VAR",
     "attempt_number",
     "check_launcher_restarts",
+    "in_place_timings",
     "kill_if_planned",
     "preempt_if_planned",
     "preemptions",
@@ -208,6 +209,37 @@ def restart_timings(
         timings["restart_s"] = group_ready - (stopped if stopped is not None else kill_at)
         timings["lost_s"] = _since(kill_at, caught_up)
     return timings
+
+
+def in_place_timings(
+    out: Path, recoveries: Sequence[Any], committed: float | None
+) -> dict[str, Any] | None:
+    """Return where the time of an in-place recovery went (``--in-place``); None without one.
+
+    ``lost_s``: the kill to the killed step committed by the ranks that went on (the same key
+    a restart's account has); ``regroup_s``: their agreement, new group and state copy.
+
+    Example:
+        >>> in_place_timings(Path("o"), [], None) is None
+        True
+    """
+    if not recoveries:
+        return None
+    kill = _read(out / KILL_FILE) or {}
+    first = recoveries[0]
+    kill_at = kill.get("at")
+    return {
+        "killed_rank": kill.get("rank"),
+        "killed_at_step": kill.get("step"),
+        "in_place": True,
+        "went_on_from_step": first.step,
+        "world_size_after": len(first.members),
+        "how": first.how,
+        "regroup_s": first.seconds,
+        "steps_redone": None if kill.get("step") is None else kill["step"] - 1 - first.step,
+        "supervisor": "distcompat demo (the others kept running)",
+        "lost_s": None if kill_at is None else _since(kill_at, committed),
+    }
 
 
 def _since(start: float, end: float | None) -> float | None:

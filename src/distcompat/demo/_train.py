@@ -19,10 +19,12 @@ makes every rank save the agreed step and exit 143, which the supervisor restart
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +43,7 @@ from distcompat.demo._restarts import (
     PREEMPTIONS_FILE,
     RESTARTS_FILE,
     attempt_number,
+    in_place_timings,
     kill_if_planned,
     preempt_if_planned,
     preemptions,
@@ -49,6 +52,7 @@ from distcompat.demo._restarts import (
 )
 from distcompat.demo._trainer import Trainer
 from distcompat.demo._validate import validate
+from distcompat.inplace import InPlace, Recovery
 from distcompat.preemption import Preemption, StopReport
 from distcompat.rank_logging import progress_backend
 from distcompat.runtime import compute_dtype
@@ -93,6 +97,7 @@ class _Progress:
     resume_check: dict[str, Any] | None
     attempt: int
     caught_up: float | None = None
+    recoveries: list[Recovery] = field(default_factory=list)  # --in-place: each regroup
 
     @classmethod
     def from_extra(cls, extra: dict[str, Any], attempt: int) -> _Progress:
@@ -121,15 +126,29 @@ def _train(
     snapshot_step = config.checkpoint_step + config.resume_compare_steps
     kill = config.kill_target
     rank = distcompat.get_rank()
-    steps = range(trainer.step + 1, config.steps + 1)
+    inplace = _in_place(config, trainer, progress)
+    attempts = (
+        _once_each(trainer.step, config.steps) if inplace is None else inplace.steps(config.steps)
+    )
     # disable=None: tqdm draws the bar on a terminal only; logs get the loss lines alone.
-    bar = distcompat.progress(steps, desc=f"train x{distcompat.get_world_size()}", disable=None)
-    for step in bar:
+    desc = f"train x{distcompat.get_world_size()}"
+    bar: Iterator[Any] = distcompat.progress(
+        attempts, desc=desc, total=config.steps - trainer.step, disable=None
+    )
+    for attempt in bar:
+        step = attempt.step + 1
         kill_if_planned(config, rank, step, progress.attempt)
         preempt_if_planned(config, rank, step, progress.attempt)
         if kill is not None and progress.attempt > 0 and step == kill[1]:
             progress.caught_up = time.time()
-        record = trainer.train_step()
+        with attempt:  # in place: a peer lost inside, the others regroup and give the step again
+            record = trainer.train_step()
+        if inplace is not None and inplace.step != step:
+            trainer.regrouped(inplace.step)  # the state a survivor sent, at the new size
+            progress.recoveries = inplace.recoveries
+            continue
+        if inplace is not None and kill is not None and step == kill[1]:
+            progress.caught_up = time.time()  # the step the lost rank left, committed
         progress.records.append(record)
         timings.write(record, phase="train")
         if record.step % config.log_interval == 0 or record.step == config.steps:
@@ -159,6 +178,55 @@ def _train(
                 record_preemption(config.out, {"attempt": progress.attempt, **asdict(report)})
             return report
     return None
+
+
+class _Once(contextlib.nullcontext[None]):
+    """One step of a run not in place: the attempt's shape, no protection (``step`` applied)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+
+def _once_each(done: int, total: int) -> Iterator[_Once]:
+    yield from (_Once(step) for step in range(done, total))
+
+
+class _Records:
+    """The run's step records as a Stateful: a survivor's go to the others with the state."""
+
+    def __init__(self, progress: _Progress) -> None:
+        self._progress = progress
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"records": list(self._progress.records)}  # InPlace asks each step: no copies
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._progress.records = list(state["records"])
+
+
+class _Loader:
+    """The trainer's loader as a Stateful (:meth:`Trainer.regrouped` replaces the loader)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self._trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._trainer.loader.state_dict())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._trainer.loader.load_state_dict(state)
+
+
+def _in_place(config: DemoConfig, trainer: Trainer, progress: _Progress) -> InPlace | None:
+    """With ``--in-place``: the loop's :class:`~distcompat.inplace.InPlace` over its state."""
+    if not config.in_place:
+        return None
+    state: dict[str, Any] = {"plan": trainer.plan, "loader": _Loader(trainer)}
+    state["records"] = _Records(progress)
+    if trainer.exact is not None:
+        state["exact"] = trainer.exact
+    return InPlace(trainer.model, trainer.optimizer, state=state)
 
 
 def _resume_check(
@@ -205,7 +273,7 @@ def _sizes(config: DemoConfig, trainer: Trainer, saved_by: int | None) -> dict[s
     """Return the manifest's account of the batch sizes, the mode and a resize."""
     share = trainer.share
     return {
-        "global_batch_fixed": config.global_batch is not None,
+        "global_batch_fixed": config.plan is not None,
         "global_batch": share.samples * share.world_size,
         "micro_batch": share.micro_batch,
         "accum_steps": share.accum_steps,
@@ -255,8 +323,9 @@ def run_rank(config: DemoConfig) -> int:
     batch = (
         f"{config.batch_size}x{config.seq_len} tokens per rank"
         if config.plan is None
-        else f"{config.global_batch}x{config.seq_len} tokens ({share.accum_steps} micro-batch(es) "
-        f"of {share.micro_batch} per rank{', exact mode' if config.exact else ''})"
+        else f"{config.plan.global_batch}x{config.seq_len} tokens ({share.accum_steps} "
+        f"micro-batch(es) of {share.micro_batch} per rank{', exact mode' if config.exact else ''}"
+        f"{', in place' if config.in_place else ''})"
     )
     distcompat.print0(
         f"distcompat demo: {info.world_size} rank(s), {info.backend or 'no group'} on "
@@ -277,6 +346,8 @@ def run_rank(config: DemoConfig) -> int:
         replicas = check_replicas(trainer.model)
         latency = time_allreduce(numel=params, reps=config.allreduce_reps, device=info.device)
     assert progress.resume_check is not None  # DemoConfig keeps the check within 1..steps
+    # in place, the group may have fewer ranks now: the report is of the ranks that finished
+    info = replace(info, rank=distcompat.get_rank(), world_size=distcompat.get_world_size())
     report = RunReport(
         config=config,
         info=info,
@@ -300,7 +371,8 @@ def run_rank(config: DemoConfig) -> int:
             resume_s=resumed.seconds,
             resumed_at=resumed_at,
             caught_up=progress.caught_up,
-        ),
+        )
+        or in_place_timings(config.out, progress.recoveries, progress.caught_up),
     )
     if distcompat.is_main_process():
         write_manifest(config.out / "manifest.json", report)

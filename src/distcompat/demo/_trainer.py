@@ -68,7 +68,9 @@ class Trainer:
 
     With ``--global-batch`` a step is ``plan.micro_batches`` micro-batches, ``share`` of them on
     this rank; in exact mode (``exact`` set) the optimizer is a replicated AdamW fed by
-    :class:`~distcompat.anysize.ExactGradients`, else the sharded :class:`ZeroAdamW`.
+    :class:`~distcompat.anysize.ExactGradients`; in place (``--in-place``) a replicated AdamW
+    fed by one all-reduce of the gradients (every rank holds the whole state, so a survivor can
+    send it); else the sharded :class:`ZeroAdamW`.
     """
 
     config: DemoConfig
@@ -83,6 +85,7 @@ class Trainer:
     sync_wait_s: float = 0.0
     step: int = 0
     batches: Iterator[tuple[torch.Tensor, torch.Tensor]] | None = field(default=None)
+    corpus: Path | None = None
 
     @classmethod
     def build(
@@ -110,9 +113,10 @@ class Trainer:
             share = plan.share(world_size=world, rank=rank)  # BatchSplitError: before training
         exact = None
         optimizer: ZeroAdamW | torch.optim.AdamW
-        if config.exact:
-            assert plan is not None  # DemoConfig: --exact needs --global-batch
-            exact = ExactGradients(model, micro_batches=plan.micro_batches)
+        if config.exact or config.in_place:
+            if config.exact:
+                assert plan is not None  # DemoConfig: --exact needs a plan
+                exact = ExactGradients(model, micro_batches=plan.micro_batches)
             optimizer = torch.optim.AdamW(
                 model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
             )
@@ -133,6 +137,7 @@ class Trainer:
             share=share,
             plan=plan,
             exact=exact,
+            corpus=corpus,
         )
 
     def state(self, **extra: Any) -> dict[str, Any]:
@@ -177,10 +182,12 @@ class Trainer:
         fetched = time.perf_counter()
         size = self.config.micro_size
         micro = list(zip(torch.split(inputs, size), torch.split(targets, size), strict=True))
-        if self.exact is None:
+        if self.exact is not None:
+            loss_value = self._exact_step(micro, self.exact)
+        elif isinstance(self.optimizer, ZeroAdamW):
             loss_value = self._float_step(micro)
         else:
-            loss_value = self._exact_step(micro, self.exact)
+            loss_value = self._replicated_step(micro)
         end = time.perf_counter()
         self.step += 1
         if self.plan is not None:
@@ -216,6 +223,59 @@ class Trainer:
         loss_sync.wait()
         self.sync_wait_s = self.optimizer.sync_wait_s
         return float(mean.item())
+
+    def _replicated_step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
+        """Float gradients of this rank's micro-batches, summed over ranks in one all-reduce.
+
+        Each micro-batch's loss is divided by the plan's micro-batches (all ranks), so the sum
+        is the global batch's mean at any world size.
+        """
+        assert self.plan is not None  # DemoConfig: --in-place always has a plan
+        assert isinstance(self.optimizer, torch.optim.AdamW)
+        count = self.plan.micro_batches
+        total = torch.zeros(1)
+        for inputs, targets in micro:
+            with self.autocast():
+                loss = self.model(inputs, targets)
+            total += loss.detach().float()
+            (loss / count).backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        flat = torch.cat([p.grad.reshape(-1) for p in params] + [total / count])  # type: ignore[union-attr]
+        reduce_start = time.perf_counter()
+        distcompat.all_reduce(flat)
+        self.sync_wait_s = time.perf_counter() - reduce_start
+        offset = 0
+        for param in params:
+            grad = param.grad
+            assert grad is not None
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_schedule(self.config)(self.step + 1)
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return float(flat[-1])
+
+    def regrouped(self, step: int) -> None:
+        """Go on at ``step`` after the group changed members in place: this rank's new share.
+
+        The loader holds the global position a survivor sent (``distcompat.inplace``); a new one
+        for the new share takes it, and re-shards the rest of the epoch.
+        """
+        assert self.plan is not None
+        assert self.corpus is not None
+        world, rank = distcompat.get_world_size(), distcompat.get_rank()
+        self.share = self.plan.share(world_size=world, rank=rank)
+        position = self.loader.state_dict()
+        self.loader = TokenLoader(
+            self.corpus,
+            batch_size=self.share.samples,
+            seq_len=self.config.seq_len,
+            seed=self.config.seed,
+            device=self.loader.device,
+        )
+        self.loader.load_state_dict(position)
+        self.step, self.batches = step, None
 
     def _exact_step(
         self, micro: list[tuple[torch.Tensor, torch.Tensor]], exact: ExactGradients

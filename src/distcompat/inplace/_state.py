@@ -65,11 +65,15 @@ def sync(
     model: torch.nn.Module,
     optimizer: Any,
     state: Mapping[str, Any],
+    started: Mapping[str, Any] | None = None,
 ) -> None:
     """Make every rank's ``model``, ``optimizer`` and ``state`` (name -> Stateful) ``source``'s.
 
     The model's tensors are broadcast in place; the optimizer's and the others' state dicts go as
-    one object (their tensors inside it). A Stateful with an ``abandon()`` method (exact mode's
+    one object (their tensors inside it). ``started``: on the source, the Statefuls' state dicts
+    at the start of the step it did not apply (a loader that fetched the step's batch is a batch
+    ahead): those go, and the source takes them back too; None when it applied the step. A
+    Stateful with an ``abandon()`` method (exact mode's
     :class:`~distcompat.anysize.ExactGradients`) drops the partial work of the step redone.
     """
     with torch.no_grad():
@@ -77,14 +81,12 @@ def sync(
             broadcast(tensor.data if isinstance(tensor, torch.nn.Parameter) else tensor, source)
     sent: list[Any] = [None, None]
     if rank == source:
-        sent = [
-            optimizer.state_dict() if optimizer is not None else None,
-            {name: value.state_dict() for name, value in state.items()},
-        ]
+        live = {name: value.state_dict() for name, value in state.items()}
+        sent = [optimizer.state_dict() if optimizer is not None else None, started or live]
     broadcast_object_list(sent, src=source)
-    if rank != source:
-        if optimizer is not None:
-            optimizer.load_state_dict(sent[0])
+    if rank != source and optimizer is not None:
+        optimizer.load_state_dict(sent[0])
+    if rank != source or started is not None:
         for name, value in state.items():
             value.load_state_dict(sent[1][name])
     for value in state.values():

@@ -119,7 +119,10 @@ class InPlace:
             and buffers are what the survivors copy from the furthest one.
         optimizer: its optimizer (``torch.optim`` or any object with ``step()``,
             ``state_dict()`` and ``load_state_dict()``); each attempt calls ``step()`` once.
-        state: other Statefuls to keep the same on every rank (a ``TrainPlan``, a loader).
+        state: other Statefuls to keep the same on every rank (a ``TrainPlan``, a loader). Their
+            ``state_dict()`` is taken at the start of each attempt (keep it cheap): a rank that
+            sends its state for a step it did not apply sends that one, since a loader that
+            fetched the step's batch is a batch ahead by then.
 
     Needs the default group distcompat made (``init_distributed``) and state that is the same
     on every rank. :attr:`recoveries` lists each regroup with its times.
@@ -152,6 +155,7 @@ class InPlace:
         self._admissions: Admissions | None = None
         self._base, self._links = "", True
         self._syncing = False  # inside a state sync that writes this rank's state
+        self._started: tuple[int, dict[str, Any]] = (-1, {})  # the Statefuls at an attempt's start
         self._regrouped_as: Regrouped | None = None
         if self._grouped:
             self._join_group()
@@ -185,6 +189,7 @@ class InPlace:
                         if grow is not None:
                             self._grow(grow)
                             continue
+                    self._started = (before, {n: v.state_dict() for n, v in self._state.items()})
                     yield Attempt(self, before)
                     recovered = len(self._progress.history) > recoveries
                     if self._progress.applied == before and not recovered:
@@ -356,7 +361,9 @@ class InPlace:
         found = positions(mine)
         source = choose_source(found)
         self._syncing = done.rank != source  # a sync broken midway leaves this rank torn
-        sync(source, done.rank, self._model, self._optimizer, self._state)
+        step, at_start = self._started
+        unapplied = at_start if done.rank == source and progress.applied == step else None
+        sync(source, done.rank, self._model, self._optimizer, self._state, unapplied)
         self._syncing = False
         progress.applied = found[source].applied
         _zero_grads(self._model)

@@ -157,6 +157,7 @@ class Preemption:
         self.grace_s, self.every = grace_s, every
         self._requeue, self._exit_code = requeue, exit_code
         self._where = save_group("Preemption", timeout_s)
+        self._timeout_s = timeout_s
         self._calls = 0
         self._agreed: _Agreed | None = None
         self._deadline: _Deadline | None = None
@@ -207,6 +208,10 @@ class Preemption:
         self._calls += 1
         if self._calls % self.every:
             return False
+        info = recorded()
+        if self._where.active and info is not None and info.world_size != self._where.world_size:
+            # the default group changed members in place (distcompat.inplace): its new ranks
+            self._where = save_group("Preemption", self._timeout_s)
         table = exchange(self._catcher.first, self._where)
         found = earliest(table)
         if found is None:
