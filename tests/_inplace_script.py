@@ -2,8 +2,8 @@
 
     python tests/_inplace_script.py --steps 12 --kill 2@5 [--ddp] [--float]
 
-``--kill R@S``: launch rank R SIGKILLs itself at the start of step S (it prints the time
-first; a replacement, ``TORCHELASTIC_RESTART_COUNT`` 1, does not); ``--stop R@S``: it SIGSTOPs
+``--kill R@S[,R@S...]``: launch rank R SIGKILLs itself at the start of step S (it prints the
+time first; a replacement, ``TORCHELASTIC_RESTART_COUNT`` 1, does not); ``--stop R@S``: it SIGSTOPs
 itself there (alive, not taking part). Ranks name themselves by their launch rank (``RANK``): a
 replacement is a group of one until InPlace admits it. Each surviving rank prints
 ``rank R: digest HEX``, ``rank R: world W``, ``rank R: recovery EPOCH LOST JOINED SECONDS HOW``
@@ -83,7 +83,7 @@ def main() -> None:
         "replacement, which imports torch first, comes before the job ends)",
     )  # fmt: skip
     args = parser.parse_args()
-    kill_rank, kill_step = (int(v) for v in args.kill.split("@")) if args.kill else (-1, -1)
+    kills = {tuple(int(v) for v in kill.split("@")) for kill in args.kill.split(",") if kill}
     stop_rank, stop_step = (int(v) for v in args.stop.split("@")) if args.stop else (-1, -1)
     torch.set_num_threads(1)
     distcompat.init_distributed(device="cpu", timeout=args.timeout)
@@ -111,7 +111,7 @@ def main() -> None:
     began = time.perf_counter()
     for attempt in attempts:
         with attempt:
-            if me == kill_rank and attempt.step == kill_step and not replacement:
+            if (me, attempt.step) in kills and not replacement:
                 print(f"rank {me}: killed at {time.time()!r}", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
             if me == stop_rank and attempt.step == stop_step:

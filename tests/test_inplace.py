@@ -141,3 +141,21 @@ def test_a_subgroup_made_before_a_regroup_refuses_with_a_typed_error() -> None:
         assert rank.returncode == 0, rank.stderr[-3000:]
         for name in ("distcompat", "torch", "size"):
             assert _said(rank, f"subgroup {name}") == ["StaleGroupError"], rank.stdout[-2000:]
+
+
+@pytest.mark.slow
+def test_a_member_lost_after_a_grow_leaves_the_newcomer_going_on(uninterrupted_grow: str) -> None:
+    """Shrink, grow, shrink: launch rank 2 is killed at step 2 and replaced (it joins as
+    newcomer 3), then launch rank 1 is killed at step 26 (not replaced). Rank 0 and the
+    newcomer finish at 2 ranks with the uninterrupted run's digest: a newcomer is a member like
+    any other, for the state it holds and for the next regroup."""
+    args = ("--steps", str(GROW_STEPS), "--kill", "2@2,1@26", "--pace", str(PACE_S))
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=120, restart=(2,))
+    finished = [ranks[0], ranks[3]]
+    assert [r.returncode for r in finished] == [0, 0], [r.stderr[-3000:] for r in finished]
+    assert ranks[1].returncode == -9
+    for rank in finished:
+        assert _said(rank, "world") == ["2"]
+        assert _said(rank, "digest") == [uninterrupted_grow]
+    epochs = [line.split()[:3] for line in _said(ranks[0], "recovery")]
+    assert epochs == [["1", "2", "-"], ["2", "-", "3"], ["3", "1", "-"]]
