@@ -39,7 +39,8 @@ def _rank(pairs: int) -> None:
     from distcompat.anysize import ExactGradients
     from distcompat.demo._config import DemoConfig
     from distcompat.demo._model import GPT
-    from distcompat.demo._train import Trainer, _prepare_corpus
+    from distcompat.demo._train import _prepare_corpus
+    from distcompat.demo._trainer import Trainer
 
     torch.set_num_threads(1)
     info = distcompat.init_distributed(device="cpu")

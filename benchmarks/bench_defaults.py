@@ -85,14 +85,14 @@ def _steps_ab(out: str, pairs: int) -> dict[str, Any]:
     import torch
 
     import distcompat
-    from distcompat.demo import _train
+    from distcompat.demo import _train, _trainer
     from distcompat.demo._config import DemoConfig
 
     torch.set_num_threads(1)  # as the demo: one thread per rank
     config = DemoConfig(out=Path(out), steps=2 * pairs + _WARMUP_STEPS, batch_size=32, seq_len=256)
     info = distcompat.init_distributed(device="cpu")
     corpus = _train._prepare_corpus(config, first_attempt=True)
-    trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
+    trainer = _trainer.Trainer.build(config, corpus, info.device, init_seed=config.seed)
     thread = next(t for t in threading.enumerate() if t.name == "distcompat-watchdog")
     assert thread.ident is not None
     clock = time.pthread_getcpuclockid(thread.ident)

@@ -60,7 +60,7 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
 
     import distcompat
     import distcompat.distributed as dist
-    from distcompat.demo import _train
+    from distcompat.demo import _train, _trainer
     from distcompat.demo._config import DemoConfig
     from distcompat.demo._optim import ZeroAdamW
 
@@ -73,8 +73,8 @@ def _ranks(out: str, steps: int, mode: str) -> dict[str, float]:
     config = DemoConfig(out=Path(out), steps=steps, batch_size=32, seq_len=256)
     info = distcompat.init_distributed(device="cpu")
     corpus = _train._prepare_corpus(config, first_attempt=True)
-    trainer = _train.Trainer.build(config, corpus, info.device, init_seed=config.seed)
-    batches = _train._endless(trainer.loader)
+    trainer = _trainer.Trainer.build(config, corpus, info.device, init_seed=config.seed)
+    batches = _trainer._endless(trainer.loader)
     assert isinstance(trainer.optimizer, ZeroAdamW)  # the demo's default mode
     local = None
     if mode != "demo":

@@ -29,7 +29,8 @@ def _rank(steps: int, calls: int) -> None:
 
     import distcompat
     from distcompat.demo._config import DemoConfig
-    from distcompat.demo._train import Trainer, _prepare_corpus
+    from distcompat.demo._train import _prepare_corpus
+    from distcompat.demo._trainer import Trainer
     from distcompat.preemption import Preemption
 
     torch.set_num_threads(1)
