@@ -103,6 +103,21 @@ def _digests_match(said: Said, ranks: list[int], want: str) -> str:
     return f"rank(s) {wrong} did not end with the uninterrupted run's SHA-256" if wrong else ""
 
 
+def _failed(problems: list[str], tail: str, seconds: float) -> Verdict | None:
+    """The FAIL verdict of a case's ``problems`` ('' entries: none there); None when none."""
+    found = [p for p in problems if p]
+    if not found:
+        return None
+    return Verdict(ok=False, line=f"FAIL {'; '.join(found)}: {tail} ({seconds:.1f} s)")
+
+
+def _join_s(said: Said, rank: int) -> float:
+    """Seconds from the last process of ``rank`` starting to its first committed step."""
+    began = float(said.of(rank, "started")[-1].split()[0])  # imports included
+    commits = [float(c.split()[1]) for c in said.of(rank, "committed")]
+    return min(t for t in commits if t > began) - began
+
+
 def _kill_to_commit(said: Said, killed: int = KILLED) -> float | None:
     """Seconds from the kill to rank 0's commit of the step it interrupted (one clock: one
     machine); the loop also prints its step after the attempt a recovery ended."""
@@ -144,13 +159,10 @@ def torchrun_inplace(ctx: Context) -> Verdict:
     joined = [r for r in said.of(0, "recovery") if r.split()[2] != "-"]
     if len(starts) != 2 or not joined:
         problems.append(f"no replacement joined (rank {KILLED} started {len(starts)} time(s))")
-    problems = [p for p in problems if p]
-    if problems:
-        tail = finished[0].tail()
-        return Verdict(ok=False, line=f"FAIL {'; '.join(problems)}: {tail} ({seconds:.1f} s)")
-    began = float(starts[1].split()[0])  # the replacement's process start
-    commits = [float(c.split()[1]) for c in said.of(KILLED, "committed")]
-    join_s = min(t for t in commits if t > began) - began
+    failed = _failed(problems, finished[0].tail(), seconds)
+    if failed is not None:
+        return failed
+    join_s = _join_s(said, KILLED)  # the replacement: the second process of that rank
     shrink = _kill_to_commit(said) or float("nan")
     return Verdict(
         ok=True,
@@ -202,14 +214,10 @@ def torchrun_2node_inplace(ctx: Context) -> Verdict:
     recoveries = [r.split() for r in said.of(0, "recovery")]
     if [r[:3] for r in recoveries] != [["1", "1", "-"], ["2", "-", "2"]]:
         problems.append(f"node 0's regroups were {recoveries}, not a shrink then a grow")
-    problems = [p for p in problems if p]
-    if problems:
-        tail = finished[0].tail()
-        return Verdict(ok=False, line=f"FAIL {'; '.join(problems)}: {tail} ({seconds:.1f} s)")
-    starts = said.of(1, "started")
-    began = float(starts[-1].split()[0])
-    commits = [float(c.split()[1]) for c in said.of(1, "committed")]
-    join_s = min(t for t in commits if t > began) - began
+    failed = _failed(problems, finished[0].tail(), seconds)
+    if failed is not None:
+        return failed
+    join_s = _join_s(said, 1)  # node 1's new rank
     shrink = _kill_to_commit(said, killed=1) or float("nan")
     return Verdict(
         ok=True,
@@ -238,11 +246,9 @@ def _shrink_only(ctx: Context, head: list[str], launcher: str, env: dict[str, st
         problems.append(f"the survivors' world sizes were {worlds}")
     if done.returncode is None:
         problems.append("the launcher hung")
-    problems = [p for p in problems if p]
-    if problems:
-        return Verdict(
-            ok=False, line=f"FAIL {'; '.join(problems)}: {done.tail()} ({seconds:.1f} s)"
-        )
+    failed = _failed(problems, done.tail(), seconds)
+    if failed is not None:
+        return failed
     shrink = _kill_to_commit(said) or float("nan")
     return Verdict(
         ok=True,

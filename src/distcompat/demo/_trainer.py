@@ -62,6 +62,15 @@ def _endless(loader: TokenLoader) -> Iterator[tuple[torch.Tensor, torch.Tensor]]
         yield from loader
 
 
+def _loader(
+    config: DemoConfig, corpus: Path, share: RankShare, device: torch.device
+) -> TokenLoader:
+    """Return the loader of this rank's ``share`` of each step (``share.samples`` windows)."""
+    return TokenLoader(
+        corpus, batch_size=share.samples, seq_len=config.seq_len, seed=config.seed, device=device
+    )
+
+
 @dataclass(slots=True)
 class Trainer:
     """A model, its optimizer and its loader, stepped together (one per run or resume).
@@ -126,13 +135,7 @@ class Trainer:
             config=config,
             model=model,
             optimizer=optimizer,
-            loader=TokenLoader(
-                corpus,
-                batch_size=share.samples,
-                seq_len=config.seq_len,
-                seed=config.seed,
-                device=device,
-            ),
+            loader=_loader(config, corpus, share, device),
             autocast=autocast,
             share=share,
             plan=plan,
@@ -231,7 +234,6 @@ class Trainer:
         is the global batch's mean at any world size.
         """
         assert self.plan is not None  # DemoConfig: --in-place always has a plan
-        assert isinstance(self.optimizer, torch.optim.AdamW)
         count = self.plan.micro_batches
         total = torch.zeros(1)
         for inputs, targets in micro:
@@ -250,11 +252,16 @@ class Trainer:
             assert grad is not None
             grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
             offset += grad.numel()
+        self._replicated_update()
+        return float(flat[-1])
+
+    def _replicated_update(self) -> None:
+        """Step the replicated AdamW at this step's learning rate (exact and in-place modes)."""
+        assert isinstance(self.optimizer, torch.optim.AdamW)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_schedule(self.config)(self.step + 1)
         self.optimizer.step()
         self.optimizer.zero_grad()
-        return float(flat[-1])
 
     def regrouped(self, step: int) -> None:
         """Go on at ``step`` after the group changed members in place: this rank's new share.
@@ -267,13 +274,7 @@ class Trainer:
         world, rank = distcompat.get_world_size(), distcompat.get_rank()
         self.share = self.plan.share(world_size=world, rank=rank)
         position = self.loader.state_dict()
-        self.loader = TokenLoader(
-            self.corpus,
-            batch_size=self.share.samples,
-            seq_len=self.config.seq_len,
-            seed=self.config.seed,
-            device=self.loader.device,
-        )
+        self.loader = _loader(self.config, self.corpus, self.share, self.loader.device)
         self.loader.load_state_dict(position)
         self.step, self.batches = step, None
 
@@ -281,7 +282,6 @@ class Trainer:
         self, micro: list[tuple[torch.Tensor, torch.Tensor]], exact: ExactGradients
     ) -> float:
         """Sum the micro-batches' gradients as integers; redo the step if one outgrew its bound."""
-        assert isinstance(self.optimizer, torch.optim.AdamW)
         while True:
             for index, (inputs, targets) in zip(self.share.micro_batches, micro, strict=True):
                 with counter_rng(self.config.seed, self.step, index), self.autocast():
@@ -295,10 +295,7 @@ class Trainer:
                 break
             self.redone += 1
             _log.info("step %d redone: %s outgrew its bound", self.step + 1, result.overflowed)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr_schedule(self.config)(self.step + 1)
-        self.optimizer.step()
-        self.optimizer.zero_grad()
+        self._replicated_update()
         assert result.loss is not None
         return result.loss
 

@@ -33,9 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distcompat._store import QuickStore, StoreUnreachable
-from distcompat.inplace._errors import ShrinkRefusedError
 from distcompat.inplace._members import Members
-from distcompat.inplace._regroup import MemberLostError
+from distcompat.inplace._regroup import wait_for
 from distcompat.process_group._joining import answer
 
 __all__ = ["POLL_S", "Admissions", "Proposal", "wait_admitted"]
@@ -44,7 +43,6 @@ __all__ = ["POLL_S", "Admissions", "Proposal", "wait_admitted"]
 POLL_S = 0.05
 #: How many steps past the leader's own a grow is proposed for.
 AHEAD = 2
-_WAIT_S = 0.002
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,14 +199,11 @@ def _wait(
     ended: Callable[[], set[int]],
     deadline: float,
 ) -> None:
-    """Wait until ``keys`` exist; a member that ends meanwhile raises :class:`MemberLostError`."""
-    while not store.check(keys):
-        gone = ended() & set(members.ids)
-        if gone:
-            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended while the group grew")
-        if time.monotonic() > deadline:
-            raise ShrinkRefusedError(f"the members did not all answer {keys[0]} in time")
-        time.sleep(_WAIT_S)
+    """Wait for the members' answers or the decision; a member lost ends the wait."""
+    wait_for(
+        store, keys, lambda: ended() & set(members.ids), deadline,
+        during="while the group grew", missing=f"the members did not all answer {keys[0]} in time",
+    )  # fmt: skip
 
 
 def wait_admitted(store: QuickStore, member: int, deadline: float) -> Members:
@@ -219,12 +214,10 @@ def wait_admitted(store: QuickStore, member: int, deadline: float) -> Members:
     """
     store.set(f"ready/{member}", "1")
     key = f"admit/{member}"
-    while not store.check([key]):
-        if time.monotonic() > deadline:
-            raise ShrinkRefusedError(
-                f"newcomer {member} was not admitted to the running group in time: the group "
-                "ended, or reached no step boundary"
-            )
-        time.sleep(_WAIT_S)
+    missing = (
+        f"newcomer {member} was not admitted to the running group in time: the group ended, "
+        "or reached no step boundary"
+    )
+    wait_for(store, [key], set, deadline, during="", missing=missing)  # no member to lose yet
     epoch, ids = json.loads(store.get(key))
     return Members(int(epoch), tuple(int(m) for m in ids))

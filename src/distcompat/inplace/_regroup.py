@@ -44,7 +44,7 @@ from distcompat.inplace._members import POLL_S, Members
 from distcompat.process_group._joining import init_prefix
 from distcompat.process_group._lifecycle import note_regroup
 
-__all__ = ["MemberLostError", "Regrouped", "regroup"]
+__all__ = ["MemberLostError", "Regrouped", "regroup", "wait_for"]
 
 #: The group timeout when init recorded none (an adopted group: not regrouped anyway).
 _FALLBACK_TIMEOUT = timedelta(minutes=10)
@@ -105,7 +105,10 @@ def regroup(
             backend = _torch.joining_gloo(members_store, joining, me, timeout)
         epoch.set(f"handle/{rank}", _torch.reconfigure_handle(backend))
         keys = [f"handle/{r}" for r in range(size)]
-        _wait_for(epoch, keys, lost, deadline)
+        wait_for(
+            epoch, keys, lost, deadline, during="during the regroup",
+            missing="a member agreed on never came to the regroup's handles",
+        )  # fmt: skip
         handles = [value.decode() for value in epoch.multi_get(keys)]
         _torch.reconfigure(backend, uuid, handles, timeout)
         how, reconfigured = "gloo reconfigured in place", joining is None
@@ -123,14 +126,26 @@ def regroup(
     return Regrouped(rank, size, how, time.perf_counter() - started, reconfigured)
 
 
-def _wait_for(store: Any, keys: list[str], lost: Callable[[], set[int]], deadline: float) -> None:
-    """Wait until ``keys`` exist; a member that ends meanwhile raises :class:`MemberLostError`."""
+def wait_for(
+    store: Any,
+    keys: list[str],
+    lost: Callable[[], set[int]],
+    deadline: float,
+    *,
+    during: str,
+    missing: str,
+) -> None:
+    """Wait until ``keys`` exist in ``store``; the members' waits of a regroup and a grow.
+
+    A member ``lost()`` names meanwhile raises :class:`MemberLostError` ("... ended
+    ``during``"); past ``deadline``, :class:`ShrinkRefusedError` with ``missing``.
+    """
     while not store.check(keys):
         gone = lost()
         if gone:
-            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended during the regroup")
+            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended {during}")
         if time.monotonic() > deadline:
-            raise ShrinkRefusedError("a member agreed on never came to the regroup's handles")
+            raise ShrinkRefusedError(missing)
         time.sleep(POLL_S)
 
 

@@ -243,10 +243,28 @@ def _join_alone(
         timeout=waited.timeout,
     )
     peers.start(0, 1, links=joining.group.links)
+    reason = (
+        f"{group_reason}; joining the group that runs in place (launch rank {launch.rank}, "
+        f"newcomer {joining.id}): one rank of its own until InPlace admits it at a step boundary"
+    )
+    return _made(launch, chosen, picked, waited, rank=0, world_size=1, group_reason=reason)
+
+
+def _made(
+    launch: LaunchEnv,
+    chosen: DeviceChoice,
+    picked: BackendChoice,
+    waited: TimeoutChoice,
+    *,
+    rank: int,
+    world_size: int,
+    group_reason: str,
+) -> DistInfo:
+    """Describe a group this init made: rank ``rank`` of ``world_size``, with every reason."""
     return DistInfo(
-        rank=0,
+        rank=rank,
         local_rank=launch.local_rank,
-        world_size=1,
+        world_size=world_size,
         local_world_size=launch.local_world_size,
         node_rank=launch.node_rank,
         device=chosen.device,
@@ -258,11 +276,7 @@ def _join_alone(
         device_reason=chosen.reason,
         backend_reason=picked.reason,
         timeout_reason=waited.reason,
-        group_reason=(
-            f"{group_reason}; joining the group that runs in place (launch rank "
-            f"{launch.rank}, newcomer {joining.id}): one rank of its own until InPlace "
-            "admits it at a step boundary"
-        ),
+        group_reason=group_reason,
     )
 
 
@@ -308,20 +322,7 @@ def create_group(
             device_id=chosen.device if "nccl" in picked.backend else None,  # eager NCCL init
         )
     _publish_identity(launch)  # so a lost peer can be named in groups larger than two
-    return DistInfo(
-        rank=launch.rank,
-        local_rank=launch.local_rank,
-        world_size=launch.world_size,
-        local_world_size=launch.local_world_size,
-        node_rank=launch.node_rank,
-        device=chosen.device,
-        backend=picked.backend,
-        timeout=waited.timeout,
-        launcher=launch.launcher,
-        has_group=True,
-        adopted=False,
-        device_reason=chosen.reason,
-        backend_reason=picked.reason,
-        timeout_reason=waited.reason,
+    return _made(
+        launch, chosen, picked, waited, rank=launch.rank, world_size=launch.world_size,
         group_reason=protection.reason,
-    )
+    )  # fmt: skip
