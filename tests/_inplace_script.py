@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 import distcompat
@@ -75,7 +76,8 @@ def main() -> None:
     parser.add_argument("--plain", action="store_true", help="the same loop without InPlace")
     parser.add_argument(
         "--subgroup", action="store_true",
-        help="make a subgroup of every rank first; at the end, say what a collective on it does",
+        help="make a subgroup and a device mesh of every rank first; at the end, say what a "
+        "collective on the subgroup and the mesh's numbers do",
     )  # fmt: skip
     parser.add_argument(
         "--pace", type=float, default=0.0,
@@ -101,11 +103,12 @@ def main() -> None:
             model.register_comm_hook(None, exact.ddp_comm_hook)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     state = {"plan": plan} if exact is None else {"plan": plan, "exact": exact}
-    subgroup = None
+    subgroup, mesh = None, None
     if args.subgroup:
         made = dist.new_group(list(range(dist.get_world_size())))
         assert isinstance(made, dist.ProcessGroup)  # every rank is a member
         subgroup = made
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # its group: the default one
     inplace = None if args.plain else InPlace(model, opt, state=state)
     attempts = _plain(args.steps) if inplace is None else inplace.steps(args.steps)
     began = time.perf_counter()
@@ -154,6 +157,8 @@ def main() -> None:
             ("distcompat", lambda: distcompat.all_reduce(torch.ones(1), group=subgroup)),
             ("torch", lambda: dist.all_reduce(torch.ones(1), group=subgroup)),
             ("size", lambda: dist.get_world_size(subgroup)),
+            ("mesh size", lambda: mesh.size()),
+            ("mesh group", lambda: mesh.get_group()),
         ):
             try:
                 call()

@@ -132,14 +132,15 @@ def test_a_replacement_joins_in_place_and_the_job_ends_with_the_uninterrupted_bi
 
 @pytest.mark.slow
 def test_a_subgroup_made_before_a_regroup_refuses_with_a_typed_error() -> None:
-    """A subgroup of all 3 ranks, made before rank 2 is lost: afterwards a collective on it,
-    distcompat's or torch's, and its size raise StaleGroupError on both survivors, never wait
-    for the lost rank nor answer the old numbers."""
+    """A subgroup and a device mesh of all 3 ranks, made before rank 2 is lost: afterwards a
+    collective on the subgroup, distcompat's or torch's, its size, and the mesh's size and group
+    (the default group itself) raise StaleGroupError on both survivors, never wait for the lost
+    rank nor answer the old numbers."""
     args = ("--steps", "4", "--kill", "2@1", "--subgroup")
     ranks = run_ranks(SCRIPT, 3, args=args, timeout=90)
     for rank in ranks[:2]:
         assert rank.returncode == 0, rank.stderr[-3000:]
-        for name in ("distcompat", "torch", "size"):
+        for name in ("distcompat", "torch", "size", "mesh size", "mesh group"):
             assert _said(rank, f"subgroup {name}") == ["StaleGroupError"], rank.stdout[-2000:]
 
 

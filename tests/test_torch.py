@@ -90,3 +90,31 @@ def test_the_caller_files_are_torchs() -> None:
     c10d, logger, join = _torch.caller_files()
     assert all(Path(path).is_file() for path in (c10d, logger, join))
     assert Path(c10d).name == "distributed_c10d.py"
+
+
+def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Path) -> None:
+    """One rank through a file store: a mesh over the whole world (whose group is the default
+    one) is found without a registry; fenced, its size, group and slices raise the error given,
+    while its hash, equality and repr still work; a mesh made afterwards works."""
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    class Stale(RuntimeError):
+        pass
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
+        assert mesh in _torch.device_meshes()
+        old_hash = hash(mesh)
+        _torch.fence_mesh(mesh, lambda: Stale("made before the regroup"))
+        for use in (lambda: mesh.size(), lambda: mesh.shape, lambda: mesh.get_group(),
+                    lambda: mesh["dp"]):  # fmt: skip
+            with pytest.raises(Stale, match="made before the regroup"):
+                use()
+        assert isinstance(mesh, DeviceMesh)
+        assert hash(mesh) == old_hash and mesh == mesh and "fenced" in repr(mesh)
+        assert mesh not in _torch.device_meshes()  # fenced once
+        again = init_device_mesh("cpu", (1,))
+        assert again.size() == 1 and again != mesh
+    finally:
+        dist.destroy_process_group()

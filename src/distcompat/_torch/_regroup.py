@@ -15,6 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import gc
+import sys
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +28,8 @@ from torch.distributed import distributed_c10d as _c10d
 __all__ = [
     "can_reconfigure",
     "ddp_comm_hooks",
+    "device_meshes",
+    "fence_mesh",
     "forget_group_ranks",
     "joining_gloo",
     "other_groups",
@@ -119,6 +124,85 @@ def forget_group_ranks(groups: list[Any]) -> None:
     for group in groups:
         if group in world.pg_group_ranks:
             world.pg_group_ranks[group] = {}
+
+
+def device_meshes() -> list[Any]:
+    """Return the device meshes alive in this process (torch keeps no registry of them).
+
+    Each instance refers to its class, so one pass of the garbage collector over the tracked
+    objects finds them all (``gc.get_referrers``: about 16 ms for 190,000 objects here); only
+    a regroup asks. Empty when ``torch.distributed.device_mesh`` was never imported.
+
+    Example:
+        >>> isinstance(device_meshes(), list)
+        True
+    """
+    module = sys.modules.get("torch.distributed.device_mesh")
+    mesh_class = getattr(module, "DeviceMesh", None)
+    if not isinstance(mesh_class, type):
+        return []
+    classes = _subclasses(mesh_class) - set(_FENCED.values())
+    # type(), not isinstance: DeviceMesh's metaclass (2.15) asks the object's attributes
+    return [found for found in gc.get_referrers(*classes) if type(found) in classes]
+
+
+def fence_mesh(mesh: Any, error: Callable[[], BaseException]) -> None:
+    """Make every use of ``mesh`` (a device mesh of old members) raise ``error()``.
+
+    Its size, shape, groups, coordinates and slices all read the old world: the mesh's class
+    becomes a subclass that raises on every attribute. ``repr``, ``hash`` (the one it had, so
+    torch's caches keyed by it stay whole) and ``==`` (identity) keep working.
+
+    Example:
+        >>> callable(fence_mesh)
+        True
+    """
+    vars(mesh)["_distcompat_fence"] = (error, hash(mesh))
+    mesh.__class__ = _fenced_class(type(mesh))
+
+
+#: Each mesh class's fenced subclass, made once.
+_FENCED: dict[type, type] = {}
+#: What a fenced mesh still answers.
+_OPEN = frozenset({"__class__", "_distcompat_fence"})
+
+
+def _subclasses(cls: type) -> set[type]:
+    found, pending = {cls}, [cls]
+    while pending:
+        for sub in pending.pop().__subclasses__():
+            if sub not in found:
+                found.add(sub)
+                pending.append(sub)
+    return found
+
+
+def _fenced_class(cls: type) -> type:
+    if cls not in _FENCED:
+
+        def refuse(self: Any, name: str) -> Any:
+            if name in _OPEN:
+                return object.__getattribute__(self, name)
+            error, _ = object.__getattribute__(self, "_distcompat_fence")
+            raise error()
+
+        def fenced_hash(self: Any) -> int:
+            _, old = object.__getattribute__(self, "_distcompat_fence")
+            return int(old)
+
+        def fenced_repr(self: Any) -> str:
+            return f"<{cls.__name__} of members before an in-place regroup: fenced>"
+
+        namespace = {
+            "__getattribute__": refuse,
+            "__hash__": fenced_hash,
+            "__eq__": lambda self, other: self is other,
+            "__ne__": lambda self, other: self is not other,
+            "__repr__": fenced_repr,
+            "__module__": __name__,
+        }
+        _FENCED[cls] = type(cls)(f"Fenced{cls.__name__}", (cls,), namespace)
+    return _FENCED[cls]
 
 
 def set_world_view(group: Any, size: int, store: Any) -> None:

@@ -16,8 +16,9 @@ After :func:`~distcompat.inplace._members.agree_survivors`, every survivor calls
   peers' identities and their watch, the failure noted for the lost op, and the rank record
   (``get_rank``, ``init_distributed``'s :class:`DistInfo`).
 
-Groups made before (subgroups, a device mesh's) hold the old members: they are fenced, and
-their collectives raise :class:`~distcompat.collectives.StaleGroupError`.
+Groups and device meshes made before (subgroups, a mesh's) hold the old members: they are
+fenced, and their collectives, numbers and slices raise
+:class:`~distcompat.collectives.StaleGroupError`.
 
 Example:
     >>> Regrouped(rank=0, world_size=2, how="gloo reconfigured in place", seconds=0.002).world_size
@@ -36,6 +37,7 @@ import torch.distributed as dist
 
 from distcompat import _torch, peers
 from distcompat._ranks import keep_rendezvous, recorded, rendezvous
+from distcompat.collectives._group import StaleGroupError
 from distcompat.collectives.agree._state import forget as forget_agreement
 from distcompat.collectives.shm._path import close_all
 from distcompat.diagnostics._exit import forget_failures
@@ -150,12 +152,14 @@ def wait_for(
 
 
 def _fence_others(group: Any, new: Members) -> None:
-    """Make every group made before this regroup refuse its collectives (a typed error).
+    """Make every group and device mesh made before this regroup refuse (a typed error).
 
     Their members are ranks of the epoch before: a collective on one would wait for a lost
     rank, or pair ranks the regroup renumbered. Their rank and size refuse too, and torch's
     record of their ranks is emptied, so its world views (``get_world_size(sub)``,
-    ``get_rank(sub)``) raise rather than answer the old numbers.
+    ``get_rank(sub)``) raise rather than answer the old numbers. A device mesh, even one over
+    the whole world (whose group is the default one, regrouped), answers the old shape: every
+    use of it raises :class:`StaleGroupError`.
     """
     reason = (
         f"this group was made before the default group changed members in place (epoch "
@@ -167,6 +171,8 @@ def _fence_others(group: Any, new: Members) -> None:
         if callable(fence):
             fence(reason)
     _torch.forget_group_ranks(_torch.other_groups(group))
+    for mesh in _torch.device_meshes():  # a mesh over the whole world holds the default group
+        _torch.fence_mesh(mesh, lambda: StaleGroupError(reason))
 
 
 def _forget(group: Any) -> None:
