@@ -17,7 +17,9 @@ import contextlib
 import hashlib
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
@@ -29,6 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 import distcompat
 from distcompat.anysize import ExactGradients, TrainPlan
 from distcompat.inplace import InPlace
+from distcompat.process_group import _joining
 
 
 def data(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,6 +68,24 @@ def process_started() -> float:
     return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def vanish(how: str) -> None:
+    """End (or stop) this newcomer once the members propose to admit it: before it comes to
+    their regroup. The proposal's key is the grow protocol's (``inplace._grow``): epoch 1, the
+    first shrink's, and its first grow."""
+    joining = _joining.pending()
+    assert joining is not None, "not a newcomer: no running group answered"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
+    )
+    key = f"{_joining.prefix(joining.group.base)}/epoch1/grow0"
+    while not store.check([key]):
+        time.sleep(0.001)
+    print(f"rank {os.environ['RANK']}: vanished {how}", flush=True)
+    if how == "stop":  # resumed later by a shell of its own
+        subprocess.Popen(["sh", "-c", f"sleep 8; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
@@ -80,6 +101,11 @@ def main() -> None:
         "collective on the subgroup and the mesh's numbers do",
     )  # fmt: skip
     parser.add_argument(
+        "--vanish", choices=("kill", "stop"), default=None,
+        help="a replacement SIGKILLs (or SIGSTOPs, resumed 8 s later) itself once the members "
+        "propose to admit it (the first grow after the first shrink)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pace", type=float, default=0.0,
         help="seconds each step waits while the group is smaller than it started (so that a "
         "replacement, which imports torch first, comes before the job ends)",
@@ -92,6 +118,8 @@ def main() -> None:
     me = int(os.environ["RANK"])
     replacement = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
     print(f"rank {me}: started {process_started()!r} pid {os.getpid()}", flush=True)
+    if replacement and args.vanish:
+        threading.Thread(target=vanish, args=(args.vanish,), daemon=True).start()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks

@@ -160,3 +160,32 @@ def test_a_member_lost_after_a_grow_leaves_the_newcomer_going_on(uninterrupted_g
         assert _said(rank, "digest") == [uninterrupted_grow]
     epochs = [line.split()[:3] for line in _said(ranks[0], "recovery")]
     assert epochs == [["1", "2", "-"], ["2", "-", "3"], ["3", "1", "-"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_newcomer_that_vanishes_before_it_comes_is_left_out(
+    uninterrupted_grow: str, how: str
+) -> None:
+    """Launch rank 2 is killed at step 2 and replaced; the replacement SIGKILLs (or SIGSTOPs)
+    itself once the members propose to admit it. They admit it and, at the regroup, leave it
+    out: at once when its process ended, after JOIN_S when it is stopped (it holds no state
+    yet, so time alone may leave it out). They agree again without it, never wait for the group
+    timeout (120 s here), and end with the uninterrupted run's digest at 2 ranks; the stopped
+    one, resumed later, is fenced (FencedError), never joins silently."""
+    args = ("--steps", str(GROW_STEPS), "--kill", "2@2", "--pace", str(PACE_S),
+            "--vanish", how, "--timeout", "120")  # fmt: skip
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=120, restart=(2,))
+    finished, replacement = ranks[:2], ranks[3]
+    assert [r.returncode for r in finished] == [0, 0], [r.stderr[-3000:] for r in finished]
+    assert _said(replacement, "vanished") == [how]
+    for rank in finished:
+        assert _said(rank, "world") == ["2"]
+        assert _said(rank, "digest") == [uninterrupted_grow]
+    epochs = [line.split()[:3] for line in _said(ranks[0], "recovery")]
+    assert epochs == [["1", "2", "-"], ["3", "3", "-"]]  # epoch 2 (the grow) never completed
+    if how == "kill":
+        assert replacement.returncode == -9
+    else:
+        assert replacement.returncode not in (0, None), replacement.stderr[-3000:]
+        assert "FencedError" in replacement.stderr and "left it out" in replacement.stderr

@@ -32,10 +32,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from distcompat import peers
 from distcompat._store import QuickStore, StoreUnreachable
 from distcompat.inplace._members import Members
 from distcompat.inplace._regroup import wait_for
-from distcompat.process_group._joining import answer
+from distcompat.process_group._joining import answer, requester
 
 __all__ = ["POLL_S", "Admissions", "Proposal", "wait_admitted"]
 
@@ -75,6 +76,7 @@ class Admissions:
         self._number = 0  # the proposal of this epoch looked for next
         self._pending: Proposal | None = None  # the proposal this member said yes to
         self._admitted: set[int] = set()
+        self._identities: dict[int, peers.Identity] = {}  # newcomers' processes, as they asked
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="distcompat-inplace", daemon=True)
         self._thread.start()
@@ -129,6 +131,24 @@ class Admissions:
             return None
         ids = json.loads(store.get(f"epoch{members.epoch + 1}/members"))
         return Members(members.epoch + 1, tuple(int(m) for m in ids))
+
+    def ended_newcomers(self, ids: set[int]) -> set[int]:
+        """Return the newcomers among ``ids`` whose process was seen to end (on this machine).
+
+        A newcomer on another machine has no link to the members yet: it is left out on time
+        alone (``_regroup.JOIN_S``).
+        """
+        ended = set()
+        for member in ids:
+            if member not in self._identities:
+                found = requester(self._store, member)
+                if found is None:
+                    continue
+                self._identities[member] = found
+            identity = self._identities[member]
+            if peers.same_machine(identity) and not peers.is_alive(identity):
+                ended.add(member)
+        return ended
 
     # -- the watch thread ---------------------------------------------------------------------
 
@@ -189,7 +209,9 @@ class Admissions:
                 answer(self._store, member)
 
     def _ready(self) -> set[int]:
-        return {m for m in self._newcomers() if self._store.check([f"ready/{m}"])}
+        """Return the newcomers ready to be admitted (not those seen to end meanwhile)."""
+        ready = {m for m in self._newcomers() if self._store.check([f"ready/{m}"])}
+        return ready - self.ended_newcomers(ready - self._admitted)
 
 
 def _wait(

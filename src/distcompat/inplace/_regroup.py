@@ -9,6 +9,10 @@ After :func:`~distcompat.inplace._members.agree_survivors`, every survivor calls
   about 1-3 ms at 2-3 ranks here), and C++ callers see the new rank and size with Python;
   elsewhere a new gloo backend is made under the epoch's fresh store prefix and only Python
   sees the new numbers (:meth:`ProtectedGroup.regrouped`);
+* **the meeting**: each rank writes its handle (``compare_set``) and waits for the others';
+  a member seen to end meanwhile, or a newcomer of a grow that does not come within
+  :data:`JOIN_S` (at once when its process is seen to end), makes the members agree again
+  without it (:class:`MemberLostError`); a newcomer left out that comes later is fenced;
 * **torch's record**: the group's ranks and its store (``_torch.set_world_view``), so
   ``get_process_group_ranks`` and every key distcompat writes (identities, the mismatch check,
   shared memory) belong to the new epoch;
@@ -41,19 +45,47 @@ from distcompat.collectives._group import StaleGroupError
 from distcompat.collectives.agree._state import forget as forget_agreement
 from distcompat.collectives.shm._path import close_all
 from distcompat.diagnostics._exit import forget_failures
-from distcompat.inplace._errors import InPlaceUnsupportedError, ShrinkRefusedError
+from distcompat.inplace._errors import FencedError, InPlaceUnsupportedError, ShrinkRefusedError
 from distcompat.inplace._members import POLL_S, Members
 from distcompat.process_group._joining import init_prefix
 from distcompat.process_group._lifecycle import note_regroup
 
-__all__ = ["MemberLostError", "Regrouped", "regroup", "wait_for"]
+__all__ = ["JOIN_S", "Joiners", "MemberLostError", "Regrouped", "regroup", "wait_for"]
 
 #: The group timeout when init recorded none (an adopted group: not regrouped anyway).
 _FALLBACK_TIMEOUT = timedelta(minutes=10)
 
 
+#: How long the members wait at a regroup for an admitted newcomer that has not come (seconds)
+#: before they leave it out: it holds no state yet, so it is left out on time alone (at once
+#: when its process is seen to end); if it comes later it is fenced.
+JOIN_S = 5.0
+#: What a member writes in the place of a newcomer's handle when it leaves it out.
+LEFT_OUT = "left out"
+
+
 class MemberLostError(ConnectionError):
-    """A member the survivors agreed on ended during the regroup: they agree again."""
+    """A member the survivors agreed on ended during the regroup: they agree again.
+
+    ``ids``: the members that ended, or the newcomers left out (either way, not in the next
+    epoch).
+    """
+
+    def __init__(self, message: str, ids: frozenset[int] = frozenset()) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+
+@dataclass(frozen=True, slots=True)
+class Joiners:
+    """The newcomers of a grow, as the members see them at its regroup.
+
+    ``ids``: admitted, not yet members; ``ended(ids)``: those among ``ids`` whose process was
+    seen to end. None for a shrink.
+    """
+
+    ids: frozenset[int]
+    ended: Callable[[set[int]], set[int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +110,7 @@ def regroup(
     lost: Callable[[], set[int]],
     deadline: float,
     joining: str | None = None,
+    joiners: Joiners | None = None,
 ) -> Regrouped:
     """Make ``group`` (the default one) the group of ``new``'s members; this process is ``me``.
 
@@ -87,7 +120,9 @@ def regroup(
     :class:`MemberLostError`, and the survivors agree again); ``deadline``: ``time.monotonic()``
     past which a member that never came raises :class:`ShrinkRefusedError`; ``joining``: in a
     newcomer (a group of one until now), the members' group name: its reconfigurable backend
-    is made where theirs meet.
+    is made where theirs meet; ``joiners``: in a member, the newcomers of a grow (one that does
+    not come within :data:`JOIN_S`, or ends, is left out: :class:`MemberLostError`, and the
+    members agree again; one that comes after raises :class:`FencedError`).
     """
     started = time.perf_counter()
     found, info = rendezvous(), recorded()
@@ -105,16 +140,11 @@ def regroup(
         if joining is not None:  # its own backend's handle would be rank 0's, a member's too
             members_store = dist.PrefixStore(init_prefix(base), store)
             backend = _torch.joining_gloo(members_store, joining, me, timeout)
-        epoch.set(f"handle/{rank}", _torch.reconfigure_handle(backend))
-        keys = [f"handle/{r}" for r in range(size)]
-        wait_for(
-            epoch, keys, lost, deadline, during="during the regroup",
-            missing="a member agreed on never came to the regroup's handles",
-        )  # fmt: skip
-        handles = [value.decode() for value in epoch.multi_get(keys)]
+        handles = _meet(epoch, new, me, _torch.reconfigure_handle(backend), lost, deadline, joiners)
         _torch.reconfigure(backend, uuid, handles, timeout)
         how, reconfigured = "gloo reconfigured in place", joining is None
     else:
+        _meet(epoch, new, me, "came", lost, deadline, joiners)
         backend = dist.ProcessGroupGloo(dist.PrefixStore("gloo", epoch), rank, size, timeout)
         how, reconfigured = "a new gloo backend (this torch's gloo has no reconfigure)", False
     group.regrouped(backend)
@@ -126,6 +156,55 @@ def regroup(
     forget_failures()
     note_regroup(rank, size)
     return Regrouped(rank, size, how, time.perf_counter() - started, reconfigured)
+
+
+def _meet(
+    epoch: Any,
+    new: Members,
+    me: int,
+    mine: str,
+    lost: Callable[[], set[int]],
+    deadline: float,
+    joiners: Joiners | None,
+) -> list[str]:
+    """Write this rank's handle (``mine``) and wait for every rank's; return them in rank order.
+
+    Each handle is written with ``compare_set``: a member that leaves a late newcomer out takes
+    its place with :data:`LEFT_OUT` the same way, so the newcomer's own write and the members'
+    leaving out cannot both win.
+    """
+    key = f"handle/{new.rank_of(me)}"
+    if bytes(epoch.compare_set(key, "", mine)).decode() != mine:
+        raise FencedError(
+            f"newcomer {me} came to the regroup of epoch {new.epoch} after the members left it "
+            f"out (it did not come within {JOIN_S:g}s of its admission): it must not join "
+            "silently; start it again to join at a later step"
+        )
+    keys = [f"handle/{r}" for r in range(new.size)]
+    join_by = time.monotonic() + JOIN_S
+
+    def gone() -> set[int]:
+        ended = lost()
+        if ended or joiners is None:
+            return ended
+        late = {m for m in joiners.ids if not epoch.check([f"handle/{new.rank_of(m)}"])}
+        late = late if time.monotonic() > join_by else joiners.ended(late)
+        return {m for m in late if _leave_out(epoch, new.rank_of(m))}
+
+    wait_for(
+        epoch, keys, gone, deadline, during="during the regroup",
+        missing="a member agreed on never came to the regroup's handles",
+    )  # fmt: skip
+    handles = [value.decode() for value in epoch.multi_get(keys)]
+    left = frozenset(new.id_of(r) for r, handle in enumerate(handles) if handle == LEFT_OUT)
+    if left:  # another member left them out first
+        raise MemberLostError(f"newcomer(s) {sorted(left)} left out of the regroup", left)
+    return handles
+
+
+def _leave_out(epoch: Any, rank: int) -> bool:
+    """Take a newcomer's place in the handles; False: it came first."""
+    return bytes(epoch.compare_set(f"handle/{rank}", "", LEFT_OUT)).decode() == LEFT_OUT
 
 
 def wait_for(
@@ -145,7 +224,7 @@ def wait_for(
     while not store.check(keys):
         gone = lost()
         if gone:
-            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended {during}")
+            raise MemberLostError(f"launch rank(s) {sorted(gone)} ended {during}", frozenset(gone))
         if time.monotonic() > deadline:
             raise ShrinkRefusedError(missing)
         time.sleep(POLL_S)

@@ -46,7 +46,7 @@ from distcompat.collectives import CollectiveError, all_reduce
 from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
 from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
 from distcompat.inplace._members import Members, agree_survivors
-from distcompat.inplace._regroup import MemberLostError, Regrouped, regroup
+from distcompat.inplace._regroup import Joiners, MemberLostError, Regrouped, regroup
 from distcompat.inplace._state import Position, choose_source, positions, sync
 from distcompat.process_group import _joining
 
@@ -151,6 +151,7 @@ class InPlace:
         self._members = Members(0, (0,))  # the members of the epoch agreed last
         self._watched = self._members  # the members the group and its peer watch have now
         self._me, self._first = 0, 1
+        self._gone: set[int] = set()  # ids ended or left out, as a regroup's wait found them
         self._store: QuickStore | None = None
         self._admissions: Admissions | None = None
         self._base, self._links = "", True
@@ -236,9 +237,15 @@ class InPlace:
         started = time.perf_counter()
         new = wait_admitted(self._store, self._me, _deadline())
         self._members = new
-        recovery = self._rebuild(Members(new.epoch - 1, ()), new, Position(0, True), started)
+        self._syncing = True  # it holds no state: never a source
+        try:
+            recovery = self._rebuild(Members(new.epoch - 1, ()), new, Position(0, True), started)
+        except MemberLostError as error:  # another newcomer left out, a member lost: agree again
+            if not self._recover(error):
+                raise
+        else:
+            self._report(recovery)
         _joining.forget()
-        self._report(recovery)
 
     def _grow(self, proposal: Proposal) -> None:
         """At the agreed boundary: admit the newcomers, or go on as before if it fell through."""
@@ -246,11 +253,14 @@ class InPlace:
         started = time.perf_counter()
         first = self._members
         try:
-            new = self._admissions.decide(proposal, self._ended_ids, _deadline())
+            admissions = self._admissions
+            new = admissions.decide(proposal, self._ended_ids, _deadline())
             if new is None:
                 return
             self._members = new
-            recovery = self._rebuild(first, new, Position(self._progress.applied, False), started)
+            joiners = Joiners(frozenset(proposal.ids), admissions.ended_newcomers)
+            mine = Position(self._progress.applied, False)
+            recovery = self._rebuild(first, new, mine, started, joiners)
         except InPlaceError:
             raise
         except Exception as error:  # a member lost while the group grew: recover from it
@@ -284,9 +294,10 @@ class InPlace:
         self._optimizer.step = counted
 
     def _ended_ids(self) -> set[int]:
-        """Return the ids of the members the peer watch has seen end (its ranks: the group's)."""
+        """Return the ids of the members seen to end: by the peer watch (its ranks: the
+        group's), or by a regroup's wait (a newcomer left out counts with them)."""
         group = _torch.default_group()
-        return {self._watched.id_of(rank) for rank in peers.gone_peers(group)}
+        return {self._watched.id_of(rank) for rank in peers.gone_peers(group)} | self._gone
 
     def _lost_behind(self, error: BaseException) -> bool:
         """Whether ``error`` came with a peer's end seen (waiting for the evidence briefly)."""
@@ -306,10 +317,12 @@ class InPlace:
         A member lost during the recovery itself (its collectives fail, or it never comes to
         the regroup's handles) starts it again at the next epoch, up to :data:`ATTEMPTS` times.
         """
+        if isinstance(error, MemberLostError):
+            self._gone |= error.ids
         if isinstance(error, InPlaceError) or not self._lost_behind(error):
             return False
         progress = self._progress
-        mine = Position(progress.applied, progress.stepping)
+        mine = Position(progress.applied, progress.stepping or self._syncing)
         progress.stepping = False
         first = self._members
         for _ in range(ATTEMPTS):
@@ -319,6 +332,8 @@ class InPlace:
             except InPlaceError:
                 raise
             except Exception as again:  # a member lost during it: a collective failed, or
+                if isinstance(again, MemberLostError):
+                    self._gone |= again.ids
                 lost = _is_collective(again) and self._lost_behind(again)  # not any error
                 if not isinstance(again, MemberLostError) and not lost:
                     raise
@@ -338,8 +353,18 @@ class InPlace:
         self._members = new  # a member lost from here on: the next agreement starts from it
         return self._rebuild(first, new, mine, started)
 
-    def _rebuild(self, first: Members, new: Members, mine: Position, started: float) -> Recovery:
-        """Make the group ``new``'s (agreed from ``first``) and copy the furthest state."""
+    def _rebuild(
+        self,
+        first: Members,
+        new: Members,
+        mine: Position,
+        started: float,
+        joiners: Joiners | None = None,
+    ) -> Recovery:
+        """Make the group ``new``'s (agreed from ``first``) and copy the furthest state.
+
+        ``joiners``: in a member, the newcomers of a grow (left out if they do not come).
+        """
         progress = self._progress
         agreed = time.perf_counter()
         newcomer = _joining.pending()
@@ -353,6 +378,7 @@ class InPlace:
             lost=lambda: self._ended_ids() & set(new.ids),  # the watch is still the old one
             deadline=_deadline(),
             joining=None if newcomer is None else newcomer.group.group_name,
+            joiners=joiners,
         )
         self._watched = new
         if self._admissions is not None:

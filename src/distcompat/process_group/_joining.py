@@ -14,7 +14,8 @@ optimizer made: DDP's construction, a broadcast at one rank, needs no peer).
 
 The keys (the leader's side is ``distcompat.inplace._grow``): ``OPEN_KEY`` holds the
 announcement; under :func:`prefix` each newcomer counts itself (``joiners``, ids after the
-first members') and writes ``request/ID``; the leader claims ``answer/ID`` with ``compare_set``,
+first members') and writes ``request/ID`` (its launch rank and its process's identity, by
+which the members know it ended); the leader claims ``answer/ID`` with ``compare_set``,
 as the newcomer does to withdraw, so exactly one of the two wins.
 
 Example:
@@ -25,12 +26,13 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
+
+from distcompat.peers import Identity
 
 __all__ = [
     "ANSWER_S",
@@ -44,6 +46,7 @@ __all__ = [
     "init_prefix",
     "pending",
     "prefix",
+    "requester",
     "withdraw_announcement",
 ]
 
@@ -139,7 +142,8 @@ def ask_to_join(store: Any, launch_rank: int) -> Joining | None:
         return None
     view = dist.PrefixStore(prefix(announced.base), store)
     member = announced.first - 1 + view.add("joiners", 1)
-    view.set(f"request/{member}", json.dumps({"launch_rank": launch_rank, "pid": os.getpid()}))
+    request = {"launch_rank": launch_rank, "identity": Identity.here().to_json()}
+    view.set(f"request/{member}", json.dumps(request))
     deadline = time.monotonic() + ANSWER_S
     while not view.check([f"answer/{member}"]) and time.monotonic() < deadline:
         time.sleep(_POLL_S)
@@ -147,6 +151,14 @@ def ask_to_join(store: Any, launch_rank: int) -> Joining | None:
         return None  # nobody answered: the announcement outlived its group
     _pending = Joining(member, launch_rank, announced)
     return _pending
+
+
+def requester(view: Any, member: int) -> Identity | None:
+    """Return the process of newcomer ``member`` (``view``: under :func:`prefix`), if it asked."""
+    key = f"request/{member}"
+    if not view.check([key]):
+        return None
+    return Identity.from_json(json.loads(view.get(key))["identity"])
 
 
 def answer(view: Any, member: int) -> bool:
