@@ -185,8 +185,8 @@ def main() -> None:
             ("distcompat", lambda: distcompat.all_reduce(torch.ones(1), group=subgroup)),
             ("torch", lambda: dist.all_reduce(torch.ones(1), group=subgroup)),
             ("size", lambda: dist.get_world_size(subgroup)),
-            ("mesh size", lambda: mesh.size()),
-            ("mesh group", lambda: mesh.get_group()),
+            ("mesh size", lambda: mesh.size()),  # type: ignore[union-attr]
+            ("mesh group", lambda: mesh.get_group()),  # type: ignore[union-attr]
         ):
             try:
                 call()

@@ -101,7 +101,8 @@ def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Pat
     class Stale(RuntimeError):
         pass
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    store = f"file://{tmp_path / 'store'}"
+    dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
         assert mesh in _torch.device_meshes()
@@ -112,9 +113,12 @@ def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Pat
             with pytest.raises(Stale, match="made before the regroup"):
                 use()
         assert isinstance(mesh, DeviceMesh)
-        assert hash(mesh) == old_hash and mesh == mesh and "fenced" in repr(mesh)
+        assert hash(mesh) == old_hash
+        assert mesh == mesh
+        assert "fenced" in repr(mesh)
         assert mesh not in _torch.device_meshes()  # fenced once
         again = init_device_mesh("cpu", (1,))
-        assert again.size() == 1 and again != mesh
+        assert again.size() == 1
+        assert again != mesh
     finally:
         dist.destroy_process_group()

@@ -168,9 +168,11 @@ _OPEN = frozenset({"__class__", "_distcompat_fence"})
 
 
 def _subclasses(cls: type) -> set[type]:
-    found, pending = {cls}, [cls]
+    found: set[type] = {cls}
+    pending = [cls]
     while pending:
-        for sub in pending.pop().__subclasses__():
+        subclasses: list[type] = pending.pop().__subclasses__()
+        for sub in subclasses:
             if sub not in found:
                 found.add(sub)
                 pending.append(sub)

@@ -16,6 +16,8 @@ group's in-place prefix:
    other members wait for it at ``at``. A member lost meanwhile ends every wait
    (:class:`MemberLostError`), and the survivors recover as from any loss;
 4. everyone admitted regroups as a shrink does (``_regroup``) and takes the furthest state.
+   A newcomer seen to end (its request names its process) is not proposed; one that does not
+   come to the regroup is left out there (``_regroup.JOIN_S``), and the members agree again.
 
 The watch is a thread that polls the store every :data:`POLL_S`; the loop pays one lock per
 step. Example:
@@ -240,6 +242,7 @@ def wait_admitted(store: QuickStore, member: int, deadline: float) -> Members:
         f"newcomer {member} was not admitted to the running group in time: the group ended, "
         "or reached no step boundary"
     )
-    wait_for(store, [key], set, deadline, during="", missing=missing)  # no member to lose yet
+    during = "while this newcomer waited to be admitted"
+    wait_for(store, [key], set, deadline, during=during, missing=missing)  # no member to lose yet
     epoch, ids = json.loads(store.get(key))
     return Members(int(epoch), tuple(int(m) for m in ids))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from distcompat._store import QuickStore, StoreUnreachable
 from distcompat.inplace._errors import FencedError, ShrinkRefusedError
 
-__all__ = ["POLL_S", "STORE_SILENCE_S", "Members", "agree_survivors"]
+__all__ = ["POLL_S", "STORE_SILENCE_S", "Members", "StoreSilence", "agree_survivors"]
 
 #: How often a survivor looks at the store while its peers come to the regroup (seconds).
 POLL_S = 0.002
@@ -72,6 +72,32 @@ class Members:
         return self.ids[rank]
 
 
+class StoreSilence:
+    """How long the store has not answered a wait's requests (each bounded, asked again).
+
+    Example:
+        >>> silence = StoreSilence("during a test")
+        >>> silence.answered()
+    """
+
+    def __init__(self, during: str) -> None:
+        self._during = during
+        self._since: float | None = None
+
+    def answered(self) -> None:
+        """Note that the store answered: the silence is over."""
+        self._since = None
+
+    def missed(self, error: StoreUnreachable) -> None:
+        """Note a request that timed out; past :data:`STORE_SILENCE_S` of silence, give up."""
+        self._since = time.monotonic() if self._since is None else self._since
+        if time.monotonic() - self._since > STORE_SILENCE_S:
+            raise ShrinkRefusedError(
+                f"the rendezvous store did not answer for {STORE_SILENCE_S:g}s {self._during} "
+                f"({error}): its host may be the rank that was lost; a restart resumes the job"
+            ) from error
+
+
 def _key(epoch: int, what: str) -> str:
     return f"epoch{epoch}/{what}"
 
@@ -95,7 +121,7 @@ def agree_survivors(
     epoch = members.epoch + 1
     decided_key = _key(epoch, "members")
     said = False
-    silent_since: float | None = None  # when the store last stopped answering
+    silence = StoreSilence(f"during the regroup of epoch {epoch}")
     while True:
         try:
             if not said:
@@ -109,17 +135,11 @@ def agree_survivors(
             if not pending:
                 proposal = json.dumps(sorted(alive))
                 return _adopt(store.compare_set(decided_key, "", proposal), epoch, me)
-            silent_since = None
+            silence.answered()
         except StoreUnreachable as exc:
             # every request here may be asked again; one of another caller may hold the
             # process's store thread a while (a request for a key a lost rank never wrote)
-            silent_since = time.monotonic() if silent_since is None else silent_since
-            if time.monotonic() - silent_since > STORE_SILENCE_S:
-                raise ShrinkRefusedError(
-                    f"the rendezvous store did not answer for {STORE_SILENCE_S:g}s during the "
-                    f"regroup of epoch {epoch} ({exc}): its host may be the rank that was lost; "
-                    "a restart resumes the job"
-                ) from exc
+            silence.missed(exc)
             continue
         if time.monotonic() > deadline:
             raise ShrinkRefusedError(

@@ -41,12 +41,13 @@ import torch.distributed as dist
 
 from distcompat import _torch, peers
 from distcompat._ranks import keep_rendezvous, recorded, rendezvous
+from distcompat._store import StoreUnreachable
 from distcompat.collectives._group import StaleGroupError
 from distcompat.collectives.agree._state import forget as forget_agreement
 from distcompat.collectives.shm._path import close_all
 from distcompat.diagnostics._exit import forget_failures
 from distcompat.inplace._errors import FencedError, InPlaceUnsupportedError, ShrinkRefusedError
-from distcompat.inplace._members import POLL_S, Members
+from distcompat.inplace._members import POLL_S, Members, StoreSilence
 from distcompat.process_group._joining import init_prefix
 from distcompat.process_group._lifecycle import note_regroup
 
@@ -219,9 +220,18 @@ def wait_for(
     """Wait until ``keys`` exist in ``store``; the members' waits of a regroup and a grow.
 
     A member ``lost()`` names meanwhile raises :class:`MemberLostError` ("... ended
-    ``during``"); past ``deadline``, :class:`ShrinkRefusedError` with ``missing``.
+    ``during``"); past ``deadline``, :class:`ShrinkRefusedError` with ``missing``. A store
+    request that times out is asked again (a process stopped and resumed finds its request
+    timed out) for up to :data:`STORE_SILENCE_S`.
     """
-    while not store.check(keys):
+    silence = StoreSilence(during)
+    while True:
+        try:
+            if store.check(keys):
+                return
+            silence.answered()
+        except StoreUnreachable as exc:
+            silence.missed(exc)
         gone = lost()
         if gone:
             raise MemberLostError(f"launch rank(s) {sorted(gone)} ended {during}", frozenset(gone))

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 
 from distcompat.collectives import all_gather_object, broadcast, broadcast_object_list
-from distcompat.inplace._errors import StateLostError
+from distcompat.inplace._errors import InPlaceUnsupportedError, StateLostError
 
-__all__ = ["Position", "choose_source", "positions", "sync"]
+__all__ = ["Position", "choose_source", "positions", "refuse_sharded", "sync"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +35,44 @@ class Position:
 
     applied: int
     torn: bool
+
+
+def refuse_sharded(model: torch.nn.Module, optimizer: Any, state: Mapping[str, Any]) -> None:
+    """Raise :class:`InPlaceUnsupportedError` for state that differs from rank to rank.
+
+    :func:`sync` sends one rank's state to every other: a share of sharded state (a ZeRO
+    optimizer's, FSDP2's or tensor parallel's parameters) sent so would overwrite each rank's
+    own share with the source's, silently. Sharded state is known by its kind: DTensor
+    parameters, torch's ``ZeroRedundancyOptimizer``, or a ``Reshardable`` object (one with
+    ``load_resharded``, the checkpoint's protocol for a per-rank share).
+
+    Example:
+        >>> refuse_sharded(torch.nn.Linear(2, 1), None, {})   # replicated: nothing to say
+    """
+    for name, param in model.named_parameters():
+        if _is_a(param, "DTensor"):
+            raise InPlaceUnsupportedError(
+                f"parameter {name} is a DTensor (FSDP2 or tensor parallel): each rank holds a "
+                "share of it, and a lost rank takes its share with it; InPlace keeps replicated "
+                "state (a plain or DDP model) in place. Without InPlace the job restarts from "
+                "its last checkpoint"
+            )
+    named = {"the optimizer": optimizer, **{f"state[{key!r}]": v for key, v in state.items()}}
+    for name, value in named.items():
+        resharded = callable(getattr(value, "load_resharded", None))
+        if resharded or _is_a(value, "ZeroRedundancyOptimizer"):
+            raise InPlaceUnsupportedError(
+                f"{name} ({type(value).__name__}) holds a share that differs from rank to rank "
+                "(a sharded optimizer: ZeRO); a lost rank takes its share with it, and sending "
+                "one rank's state to the others would overwrite theirs. InPlace keeps replicated "
+                "state in place (a torch.optim optimizer over a plain or DDP model); without "
+                "InPlace the job restarts from its last checkpoint"
+            )
+
+
+def _is_a(value: object, class_name: str) -> bool:
+    """Whether ``value``'s class or a base has ``class_name`` (no import of the class's module)."""
+    return any(cls.__name__ == class_name for cls in type(value).__mro__)
 
 
 def positions(mine: Position) -> list[Position]:

@@ -47,7 +47,7 @@ from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, Sh
 from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
 from distcompat.inplace._members import Members, agree_survivors
 from distcompat.inplace._regroup import Joiners, MemberLostError, Regrouped, regroup
-from distcompat.inplace._state import Position, choose_source, positions, sync
+from distcompat.inplace._state import Position, choose_source, positions, refuse_sharded, sync
 from distcompat.process_group import _joining
 
 __all__ = ["Attempt", "InPlace", "Recovery"]
@@ -125,7 +125,9 @@ class InPlace:
             fetched the step's batch is a batch ahead by then.
 
     Needs the default group distcompat made (``init_distributed``) and state that is the same
-    on every rank. :attr:`recoveries` lists each regroup with its times.
+    on every rank: sharded state (DTensor parameters, a ZeRO optimizer, a ``Reshardable``)
+    raises :class:`InPlaceUnsupportedError` here. :attr:`recoveries` lists each regroup with
+    its times.
 
     Example:
         >>> model = torch.nn.Linear(2, 1)
@@ -146,6 +148,7 @@ class InPlace:
         state: Mapping[str, Any] | None = None,
     ) -> None:
         self._model, self._optimizer, self._state = model, optimizer, dict(state or {})
+        refuse_sharded(model, optimizer, self._state)
         self._progress = _Progress()
         self._grouped = dist.is_available() and dist.is_initialized()
         self._members = Members(0, (0,))  # the members of the epoch agreed last
@@ -294,8 +297,11 @@ class InPlace:
         self._optimizer.step = counted
 
     def _ended_ids(self) -> set[int]:
-        """Return the ids of the members seen to end: by the peer watch (its ranks: the
-        group's), or by a regroup's wait (a newcomer left out counts with them)."""
+        """Return the ids of the members seen to end.
+
+        By the peer watch (its ranks: the group's), or by a regroup's wait (a newcomer left
+        out counts with them).
+        """
         group = _torch.default_group()
         return {self._watched.id_of(rank) for rank in peers.gone_peers(group)} | self._gone
 

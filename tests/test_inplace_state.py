@@ -1,0 +1,69 @@
+"""InPlace keeps replicated state only: sharded state is refused by name, before any step.
+
+One process; the ZeroRedundancyOptimizer and DTensor cases make a one-rank gloo group through a
+file store (they need one to exist).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from distcompat.inplace import InPlace, InPlaceUnsupportedError
+
+
+class _Shard:
+    """A Stateful that holds a per-rank share (the checkpoint's Reshardable protocol)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        del state
+
+    def load_resharded(self, states: list[dict[str, Any]], /) -> None:
+        del states
+
+
+def test_a_replicated_optimizer_and_state_are_taken() -> None:
+    model = torch.nn.Linear(2, 1)
+    InPlace(model, torch.optim.AdamW(model.parameters()), state={"plan": object()})
+
+
+def test_a_reshardable_optimizer_or_state_is_refused_by_name() -> None:
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(InPlaceUnsupportedError, match=r"the optimizer \(_Shard\) holds a share"):
+        InPlace(model, _Shard())
+    with pytest.raises(InPlaceUnsupportedError, match=r"state\['zero'\] \(_Shard\)"):
+        InPlace(model, torch.optim.SGD(model.parameters()), state={"zero": _Shard()})
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Any:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_torchs_zero_optimizer_is_refused() -> None:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    model = torch.nn.Linear(2, 1)
+    zero = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    with pytest.raises(InPlaceUnsupportedError, match="ZeroRedundancyOptimizer"):
+        InPlace(model, zero)
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_dtensor_parameters_are_refused() -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_module
+
+    model = distribute_module(torch.nn.Linear(2, 1), init_device_mesh("cpu", (1,)))
+    with pytest.raises(InPlaceUnsupportedError, match="parameter weight is a DTensor"):
+        InPlace(model, torch.optim.SGD(model.parameters()))
