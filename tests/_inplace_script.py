@@ -29,6 +29,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 import distcompat
+from distcompat import _ranks
 from distcompat.anysize import ExactGradients, TrainPlan
 from distcompat.inplace import InPlace
 from distcompat.process_group import _joining
@@ -68,22 +69,28 @@ def process_started() -> float:
     return time.time() - (up - ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def vanish(how: str) -> None:
-    """End (or stop) this newcomer once the members propose to admit it: before it comes to
-    their regroup. The proposal's key is the grow protocol's (``inplace._grow``): epoch 1, the
-    first shrink's, and its first grow."""
+def end_at(key: str, how: str) -> None:
+    """SIGKILL (or SIGSTOP, resumed 8 s later) this process once ``key`` is in the in-place
+    prefix of the store (the grow protocol's keys, ``inplace._grow``)."""
     joining = _joining.pending()
-    assert joining is not None, "not a newcomer: no running group answered"
+    base = joining.group.base if joining is not None else str(recorded_generation())
     store = dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False
     )
-    key = f"{_joining.prefix(joining.group.base)}/epoch1/grow0"
+    key = f"{_joining.prefix(base)}/{key}"
     while not store.check([key]):
         time.sleep(0.001)
     print(f"rank {os.environ['RANK']}: vanished {how}", flush=True)
     if how == "stop":  # resumed later by a shell of its own
         subprocess.Popen(["sh", "-c", f"sleep 8; kill -CONT {os.getpid()}"])
     os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+
+
+def recorded_generation() -> int | str:
+    """The init generation of this rank's group (the in-place keys are under it)."""
+    found = _ranks.rendezvous()
+    assert found is not None
+    return found[1]
 
 
 def main() -> None:
@@ -106,6 +113,11 @@ def main() -> None:
         "propose to admit it (the first grow after the first shrink)",
     )  # fmt: skip
     parser.add_argument(
+        "--die-at-grow", default="",
+        help="R@said: launch rank R SIGKILLs itself once it said yes to the first grow; "
+        "R@admitted: once the leader admitted the newcomer (a member lost while the group grows)",
+    )  # fmt: skip
+    parser.add_argument(
         "--pace", type=float, default=0.0,
         help="seconds each step waits while the group is smaller than it started (so that a "
         "replacement, which imports torch first, comes before the job ends)",
@@ -118,8 +130,16 @@ def main() -> None:
     me = int(os.environ["RANK"])
     replacement = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
     print(f"rank {me}: started {process_started()!r} pid {os.getpid()}", flush=True)
-    if replacement and args.vanish:
-        threading.Thread(target=vanish, args=(args.vanish,), daemon=True).start()
+    if replacement and args.vanish:  # once the members propose to admit it (epoch 1: the
+        # first shrink's; its first grow)
+        at = ("epoch1/grow0", args.vanish)
+        threading.Thread(target=end_at, args=at, daemon=True).start()
+    if args.die_at_grow and not replacement:  # R@said: once it said yes to the first grow;
+        # R@admitted: once the leader admitted newcomer 3 (before this rank comes to the regroup)
+        rank, when = args.die_at_grow.split("@")
+        key = f"epoch1/grow0/ack/{me}" if when == "said" else "admit/3"
+        if me == int(rank):
+            threading.Thread(target=end_at, args=(key, "kill"), daemon=True).start()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks

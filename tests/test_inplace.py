@@ -190,3 +190,32 @@ def test_a_newcomer_that_vanishes_before_it_comes_is_left_out(
         assert replacement.returncode not in (0, None), replacement.stderr[-3000:]
         assert "FencedError" in replacement.stderr
         assert "left it out" in replacement.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("when", ["said", "admitted"])
+def test_a_member_lost_while_a_newcomer_joins_leaves_the_newcomer_going_on(
+    uninterrupted_grow: str, when: str
+) -> None:
+    """Launch rank 2 is killed at step 2 and replaced; launch rank 1 SIGKILLs itself once it
+    said yes to admitting the newcomer (its peers' next collective fails: they shrink, then
+    admit the newcomer at the next epoch), or once the leader admitted it (at the regroup,
+    rank 0 sees rank 1's end, and the newcomer, which watches no member yet, sees rank 0 go on
+    to the next agreement and agrees with it). Neither waits for the group timeout (120 s here);
+    both end with the uninterrupted run's digest at 2 ranks."""
+    args = ("--steps", str(GROW_STEPS), "--kill", "2@2", "--pace", str(PACE_S),
+            "--die-at-grow", f"1@{when}", "--timeout", "120")  # fmt: skip
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=120, restart=(2,))
+    finished = [ranks[0], ranks[3]]
+    assert [r.returncode for r in finished] == [0, 0], [r.stderr[-3000:] for r in finished]
+    assert ranks[1].returncode == -9
+    assert _said(ranks[1], "vanished") == ["kill"]
+    for rank in finished:
+        assert _said(rank, "world") == ["2"]
+        assert _said(rank, "digest") == [uninterrupted_grow]
+    epochs = [line.split()[:3] for line in _said(ranks[0], "recovery")]
+    if when == "said":  # epoch 2: the shrink; epoch 3: the grow
+        assert epochs == [["1", "2", "-"], ["2", "1", "-"], ["3", "-", "3"]]
+    else:  # epoch 2 (the grow) never came together; epoch 3: rank 1 lost, the newcomer in
+        assert epochs == [["1", "2", "-"], ["3", "1", "3"]]
+        assert [line.split()[:3] for line in _said(ranks[3], "recovery")] == [["3", "1", "-"]]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distcompat import _torch, peers
 from distcompat._ranks import recorded, rendezvous
-from distcompat._store import QuickStore
+from distcompat._store import QuickStore, StoreUnreachable
 from distcompat.collectives import CollectiveError, all_reduce
 from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
 from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
@@ -241,13 +241,13 @@ class InPlace:
         new = wait_admitted(self._store, self._me, _deadline())
         self._members = new
         self._syncing = True  # it holds no state: never a source
+        before = Members(new.epoch - 1, ())
         try:
-            recovery = self._rebuild(Members(new.epoch - 1, ()), new, Position(0, True), started)
+            recovery = self._rebuild(before, new, Position(0, True), started)
         except MemberLostError as error:  # another newcomer left out, a member lost: agree again
-            if not self._recover(error):
-                raise
-        else:
-            self._report(recovery)
+            self._gone |= error.ids
+            recovery = self._recover_from(before, Position(0, True))
+        self._report(recovery)
         _joining.forget()
 
     def _grow(self, proposal: Proposal) -> None:
@@ -330,7 +330,15 @@ class InPlace:
         progress = self._progress
         mine = Position(progress.applied, progress.stepping or self._syncing)
         progress.stepping = False
-        first = self._members
+        self._report(self._recover_from(self._watched, mine))
+        return True
+
+    def _recover_from(self, first: Members, mine: Position) -> Recovery:
+        """Agree on the next members from ``first`` (the group's last), regroup, take the state.
+
+        ``mine``: where this rank stands. Starts again at the next epoch when a member is lost
+        meanwhile, up to :data:`ATTEMPTS` times.
+        """
         for _ in range(ATTEMPTS):
             try:
                 recovery = self._regroup_once(first, mine)
@@ -346,18 +354,18 @@ class InPlace:
                 mine = Position(mine.applied, mine.torn or self._syncing)
         else:
             raise ShrinkRefusedError(f"ranks kept being lost during {ATTEMPTS} regroups in a row")
-        self._report(recovery)
-        return True
+        return recovery
 
     def _regroup_once(self, first: Members, mine: Position) -> Recovery:
         """Agree, regroup, copy the furthest state: one try (see :meth:`_recover`)."""
         started = time.perf_counter()
         assert self._store is not None
+        tried = self._members  # the members agreed last (a grow or a regroup that broke off)
         new = agree_survivors(
-            self._store, self._members, me=self._me, ended=self._ended_ids, deadline=_deadline()
+            self._store, tried, me=self._me, ended=self._ended_ids, deadline=_deadline()
         )
         self._members = new  # a member lost from here on: the next agreement starts from it
-        return self._rebuild(first, new, mine, started)
+        return self._rebuild(first, new, mine, started, tried=tried.ids)
 
     def _rebuild(
         self,
@@ -366,10 +374,13 @@ class InPlace:
         mine: Position,
         started: float,
         joiners: Joiners | None = None,
+        tried: tuple[int, ...] = (),
     ) -> Recovery:
         """Make the group ``new``'s (agreed from ``first``) and copy the furthest state.
 
-        ``joiners``: in a member, the newcomers of a grow (left out if they do not come).
+        ``joiners``: in a member, the newcomers of a grow (left out if they do not come);
+        ``tried``: the members of an epoch agreed since ``first`` that never came together (a
+        newcomer admitted there and not in ``new`` counts as lost).
         """
         progress = self._progress
         agreed = time.perf_counter()
@@ -381,7 +392,7 @@ class InPlace:
             uuid=new.epoch,
             base=self._base,
             links=self._links,
-            lost=lambda: self._ended_ids() & set(new.ids),  # the watch is still the old one
+            lost=self._lost_in(new),
             deadline=_deadline(),
             joining=None if newcomer is None else newcomer.group.group_name,
             joiners=joiners,
@@ -403,7 +414,7 @@ class InPlace:
             _regroup_ddp(self._model, done)
         recovery = Recovery(
             epoch=new.epoch,
-            lost=tuple(sorted(set(first.ids) - set(new.ids))),
+            lost=tuple(sorted((set(first.ids) | set(tried)) - set(new.ids))),
             joined=tuple(sorted(set(new.ids) - set(first.ids))) if first.ids else (),
             members=new.ids,
             step=progress.applied,
@@ -415,6 +426,30 @@ class InPlace:
         )
         self._regrouped_as = done
         return recovery
+
+    def _lost_in(self, new: Members) -> Callable[[], set[int]]:
+        """Return what a regroup's waits ask: the members of ``new`` seen to end.
+
+        In a member, the peer watch's (still the group's before) and the regroup's own finds.
+        A newcomer watches no member yet: it learns that one was lost when the others go on to
+        the next epoch's agreement (:class:`MemberLostError`, and it agrees with them).
+        """
+        if _joining.pending() is None:
+            return lambda: self._ended_ids() & set(new.ids)
+        store = self._store
+        assert store is not None
+        alive = [f"epoch{new.epoch + 1}/alive/{m}" for m in new.ids if m != self._me]
+
+        def went_on() -> set[int]:
+            with contextlib.suppress(StoreUnreachable):  # asked again at the next poll
+                if any(store.check([key]) for key in alive):
+                    raise MemberLostError(
+                        f"the members went on to epoch {new.epoch + 1}: one was lost while "
+                        "this newcomer joined"
+                    )
+            return self._gone & set(new.ids)
+
+        return went_on
 
     def _report(self, recovery: Recovery) -> None:
         """Keep ``recovery``; rank 0 says it in one line."""
