@@ -17,10 +17,17 @@ from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
 from distcompat.inplace._members import Members
 
 
+def _told(members: Members) -> bool:
+    """The leader's announcement (not under test here): done at once."""
+    del members
+    return True
+
+
 def _pair(store: dist.Store) -> tuple[Admissions, Admissions]:
     members = Members(0, (0, 1))
     return tuple(  # type: ignore[return-value]
-        Admissions(QuickStore(store, "grow"), members, me, first=2, total=100) for me in (0, 1)
+        Admissions(QuickStore(store, "grow"), members, me, first=2, total=100, announce=_told)
+        for me in (0, 1)
     )
 
 

@@ -7,12 +7,15 @@ with real rank processes, a killed rank and its replacement, are in ``test_inpla
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 import torch.distributed as dist
 
+from distcompat.peers import Identity
 from distcompat.process_group import _joining
 
 
@@ -76,3 +79,37 @@ def test_the_announcement_is_taken_back_only_by_its_own_generation(store: dist.T
     assert store.get(_joining.OPEN_KEY) != b"{}"
     _joining.withdraw_announcement(store, "1")
     assert _joining.ask_to_join(store, 2) is None  # withdrawn: nothing to join
+
+
+def _ended_identity() -> str:
+    """The identity of a process that has ended (a child that printed it and exited)."""
+    code = "from distcompat.peers import Identity; print(Identity.here().to_json())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def test_an_announcement_whose_members_all_ended_is_stale_at_once(
+    store: dist.TCPStore,
+) -> None:
+    """A whole job that ended on this machine: no wait for an answer (ANSWER_S, 2 s), and no
+    request left behind for a leader to answer."""
+    dead = _ended_identity()
+    announced = _joining.Announcement("1", 2, links=False, group_name="0", members=(dead, dead))
+    _joining.announce(store, announced)
+    started = time.monotonic()
+    assert _joining.ask_to_join(store, 1) is None
+    assert time.monotonic() - started < _joining.ANSWER_S / 4
+    assert dist.PrefixStore(_joining.prefix("1"), store).add("joiners", 0) == 0
+
+
+def test_an_announcement_with_a_member_alive_waits_for_the_answer(
+    store: dist.TCPStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One member still runs (this process): its group may answer, so the newcomer waits."""
+    monkeypatch.setattr(_joining, "ANSWER_S", 0.3)
+    alive = Identity.here().to_json()
+    members = (_ended_identity(), alive)
+    _joining.announce(store, _joining.Announcement("1", 2, False, "0", members=members))
+    started = time.monotonic()
+    assert _joining.ask_to_join(store, 1) is None  # nobody answers here: stale after the wait
+    assert time.monotonic() - started >= 0.3

@@ -67,11 +67,22 @@ class Admissions:
     """One member's side of the grow protocol: its watch thread and its loop's boundary.
 
     ``store``: the in-place prefix; ``first``: the group's first size (newcomers' ids follow);
-    ``total``: the steps of the loop (no grow is proposed for the last ones).
+    ``total``: the steps of the loop (no grow is proposed for the last ones); ``announce``:
+    the leader's watch calls it with each epoch's members until it returns True (the
+    announcement names their processes).
     """
 
-    def __init__(self, store: QuickStore, members: Members, me: int, first: int, total: int):
+    def __init__(
+        self,
+        store: QuickStore,
+        members: Members,
+        me: int,
+        first: int,
+        total: int,
+        announce: Callable[[Members], bool],
+    ) -> None:
         self._store, self._me, self._first, self._total = store, me, first, total
+        self._announce, self._announced = announce, -1  # the epoch announced last
         self._lock = threading.Lock()
         self._members = members
         self._passed = -1  # the last step boundary this member's loop passed
@@ -170,6 +181,8 @@ class Admissions:
         leader = members.rank_of(self._me) == 0
         if leader:
             self._answer_newcomers()
+            if self._announced != members.epoch and self._announce(members):
+                self._announced = members.epoch
         key = Proposal(members.epoch, number, 0, ()).key
         if pending is not None:
             return

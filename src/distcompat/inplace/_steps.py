@@ -28,6 +28,7 @@ takes one lock (the boundary); a thread polls the store for newcomers every 50 m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -161,6 +162,7 @@ class InPlace:
         self._syncing = False  # inside a state sync that writes this rank's state
         self._started: tuple[int, dict[str, Any]] = (-1, {})  # the Statefuls at an attempt's start
         self._regrouped_as: Regrouped | None = None
+        self._announced: _joining.Announcement | None = None  # what the leader tells newcomers
         if self._grouped:
             self._join_group()
         self._wrap_step()
@@ -183,7 +185,9 @@ class InPlace:
         At each step boundary a newcomer the members agreed to admit joins (see ``_grow``).
         """
         if self._store is not None:
-            self._admissions = Admissions(self._store, self._members, self._me, self._first, total)
+            self._admissions = Admissions(
+                self._store, self._members, self._me, self._first, total, self._announce
+            )
         try:
             while True:
                 while self._progress.applied < total:
@@ -220,6 +224,7 @@ class InPlace:
         store, generation = found
         newcomer = _joining.pending()
         if newcomer is not None:  # a group of one until admitted (process_group._joining)
+            self._announced = newcomer.group
             self._me, self._first = newcomer.id, newcomer.group.first
             self._base, self._links = newcomer.group.base, newcomer.group.links
         else:
@@ -228,11 +233,30 @@ class InPlace:
             self._members = self._watched = Members(0, tuple(range(self._first)))
             self._base = str(generation)
             self._links = info.local_world_size != info.world_size
+            name = str(group.group_name)
+            self._announced = _joining.Announcement(self._base, self._first, self._links, name)
             if self._me == 0:  # newcomers (a replaced rank) find the group through it
-                name = str(group.group_name)
-                announced = _joining.Announcement(self._base, self._first, self._links, name)
-                _joining.announce(store, announced)
+                _joining.announce(store, self._announced)
         self._store = QuickStore(store, _joining.prefix(self._base))
+
+    def _announce(self, members: Members) -> bool:
+        """Tell newcomers the group runs, naming ``members``' processes (the leader's watch).
+
+        False while not every member's identity is published yet (asked again at its poll):
+        a newcomer of a later job tells from them that this one ended.
+        """
+        found = rendezvous()
+        if found is None or self._announced is None:
+            return True
+        identities = peers.identities_of(set(range(members.size)))
+        if len(identities) < members.size:
+            return False
+        named = tuple(identities[rank].to_json() for rank in range(members.size))
+        try:
+            _joining.announce(found[0], dataclasses.replace(self._announced, members=named))
+        except (RuntimeError, OSError):  # the store did not take it: asked again at the poll
+            return False
+        return True
 
     def _be_admitted(self) -> None:
         """Wait until the members admit this newcomer, then take their state."""

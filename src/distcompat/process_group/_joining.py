@@ -8,7 +8,9 @@ asks to join::
 
 The group's leader (rank 0 of its current members) answers within its watch's poll; a group
 that does not answer within :data:`ANSWER_S` is a stale announcement (the whole job restarted):
-the request is withdrawn and init rendezvouses as usual. A process that was answered starts as
+the request is withdrawn and init rendezvouses as usual. The announcement names its members'
+processes once the leader knows them all: when every one of them is seen to have ended (all on
+this machine), it is stale at once, with no wait. A process that was answered starts as
 a group of its own, one rank, until ``InPlace`` admits it at a step boundary (its model and
 optimizer made: DDP's construction, a broadcast at one rank, needs no peer).
 
@@ -32,7 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distcompat.peers import Identity
+from distcompat.peers import Identity, is_alive, same_machine
 
 __all__ = [
     "ANSWER_S",
@@ -77,12 +79,26 @@ class Announcement:
     first: int  # the world size the group was made with: newcomers' ids come after
     links: bool  # whether its peer watch links to other machines
     group_name: str  # torch's name of its default group (a reconfigure meets under it)
+    members: tuple[str, ...] = ()  # its members' processes (Identity JSON); () while unknown
 
     def to_json(self) -> str:
         """Serialize (the announcement's stored form)."""
         return json.dumps(
-            {"base": self.base, "first": self.first, "links": self.links, "name": self.group_name}
-        )
+            {"base": self.base, "first": self.first, "links": self.links,
+             "name": self.group_name, "members": list(self.members)}
+        )  # fmt: skip
+
+    def outlived(self) -> bool:
+        """Whether every member it names was seen to end (on this machine): the job is gone.
+
+        Example:
+            >>> Announcement("1", 2, False, "0").outlived()   # members unknown: no evidence
+            False
+        """
+        if not self.members:
+            return False
+        found = [Identity.from_json(member) for member in self.members]
+        return all(same_machine(member) and not is_alive(member) for member in found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +142,10 @@ def _read(store: Any) -> Announcement | None:
     raw = json.loads(store.get(OPEN_KEY))
     if not raw:
         return None
-    return Announcement(str(raw["base"]), int(raw["first"]), bool(raw["links"]), str(raw["name"]))
+    members = tuple(str(member) for member in raw.get("members", ()))
+    return Announcement(
+        str(raw["base"]), int(raw["first"]), bool(raw["links"]), str(raw["name"]), members
+    )
 
 
 def ask_to_join(store: Any, launch_rank: int) -> Joining | None:
@@ -138,7 +157,7 @@ def ask_to_join(store: Any, launch_rank: int) -> Joining | None:
     """
     global _pending
     announced = _read(store)
-    if announced is None:
+    if announced is None or announced.outlived():  # a job that ended: no wait for an answer
         return None
     view = dist.PrefixStore(prefix(announced.base), store)
     member = announced.first - 1 + view.add("joiners", 1)
