@@ -82,7 +82,7 @@ class Joiners:
     """The newcomers of a grow, as the members see them at its regroup.
 
     ``ids``: admitted, not yet members; ``ended(ids)``: those among ``ids`` whose process was
-    seen to end. None for a shrink.
+    seen to end. A shrink, and a newcomer's own regroup, pass none (:func:`regroup`).
     """
 
     ids: frozenset[int]
