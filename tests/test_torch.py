@@ -104,8 +104,9 @@ def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Pat
     store = f"file://{tmp_path / 'store'}"
     dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
     try:
+        assert _torch.device_meshes() == []  # none yet: the pass notes the class's references
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
-        assert mesh in _torch.device_meshes()
+        assert mesh in _torch.device_meshes()  # one made since: found
         old_hash = hash(mesh)
         _torch.fence_mesh(mesh, lambda: Stale("made before the regroup"))
         for use in (lambda: mesh.size(), lambda: mesh.shape, lambda: mesh.get_group(),

@@ -150,6 +150,7 @@ class InPlace:
     ) -> None:
         self._model, self._optimizer, self._state = model, optimizer, dict(state or {})
         refuse_sharded(model, optimizer, self._state)
+        _torch.device_meshes()  # the pass a regroup would pay, paid here (none: none later)
         self._progress = _Progress()
         self._grouped = dist.is_available() and dist.is_initialized()
         self._members = Members(0, (0,))  # the members of the epoch agreed last
