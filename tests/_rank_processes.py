@@ -43,12 +43,13 @@ def run_ranks(
     args: Sequence[str] = (),
     timeout: float = 60.0,
     stop_after: int | None = None,
+    grace_s: float = 0.5,
     restart: Sequence[int] = (),
 ) -> list[Ended]:
     """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
 
-    ``stop_after``: once that rank has exited, give the others 0.5 s, then kill them (a peer left
-    stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks whose
+    ``stop_after``: once that rank has exited, give the others ``grace_s``, then kill them (a
+    peer left stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks whose
     process a signal ends are started once more with the same environment and
     ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with ``--max-restarts``; each
     replacement's :class:`Ended` follows the first ``world_size`` (the same ``rank``).
@@ -79,7 +80,7 @@ def run_ranks(
             if index not in ended and proc.poll() is not None:
                 ended[index] = time.time()
                 if rank == stop_after:
-                    stop_at = time.monotonic() + 0.5
+                    stop_at = time.monotonic() + grace_s
                 if rank in left and proc.returncode < 0:
                     left.discard(rank)
                     procs.append((rank, start(rank, 1)))
