@@ -49,8 +49,8 @@ def run_ranks(
     """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
 
     ``stop_after``: once that rank has exited, give the others ``grace_s``, then kill them (a
-    peer left stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks whose
-    process a signal ends are started once more with the same environment and
+    peer left stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks
+    whose process a signal ends are started once more with the same environment and
     ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with ``--max-restarts``; each
     replacement's :class:`Ended` follows the first ``world_size`` (the same ``rank``).
     """
