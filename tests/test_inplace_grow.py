@@ -13,6 +13,7 @@ import time
 import torch.distributed as dist
 
 from distcompat._store import QuickStore
+from distcompat.inplace import NotAdmittedError
 from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
 from distcompat.inplace._members import Members
 
@@ -104,3 +105,29 @@ def test_a_member_already_past_the_boundary_says_no_and_nobody_grows_there() -> 
     finally:
         for member in pair:
             member.stop()
+
+
+def test_a_newcomer_still_waiting_when_the_loop_ends_is_told_at_once() -> None:
+    """Newcomer 2 said it is ready but no boundary admits it before the members' loop ends:
+    the leader closes its admission, and its wait raises NotAdmittedError, not at its deadline
+    (the group timeout) but at once."""
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    pair = _pair(store)
+    _ready_newcomer(store)
+    raised: list[BaseException] = []
+
+    def newcomer() -> None:
+        try:
+            wait_admitted(QuickStore(store, "grow"), 2, time.monotonic() + 60)
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=newcomer)
+    thread.start()
+    for member in pair:  # no boundary passed: nothing is proposed, then the loop ends
+        member.stop()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert len(raised) == 1
+    assert isinstance(raised[0], NotAdmittedError)
+    assert "finished its loop before it admitted newcomer 2" in str(raised[0])

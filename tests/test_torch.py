@@ -104,7 +104,7 @@ def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Pat
     store = f"file://{tmp_path / 'store'}"
     dist.init_process_group("gloo", init_method=store, rank=0, world_size=1)
     try:
-        assert _torch.device_meshes() == []  # none yet: the pass notes the class's references
+        _torch.device_meshes()  # (other tests' meshes may still be alive in this process)
         mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("dp",))
         assert mesh in _torch.device_meshes()  # one made since: found
         old_hash = hash(mesh)
@@ -123,3 +123,35 @@ def test_a_fenced_device_mesh_refuses_every_use_and_keeps_its_hash(tmp_path: Pat
         assert again != mesh
     finally:
         dist.destroy_process_group()
+
+
+def test_a_pass_that_found_no_mesh_is_not_made_again_until_one_is_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A stand-in for torch's DeviceMesh class (its module replaced in ``sys.modules``), so
+    that no other test's mesh is alive: a pass that found none is not repeated while the
+    class's reference count is the same; a mesh made since is found by the next pass."""
+    import gc
+    import sys
+    import types
+
+    class DeviceMesh:
+        pass
+
+    module = types.ModuleType("torch.distributed.device_mesh")
+    module.DeviceMesh = DeviceMesh  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed.device_mesh", module)
+    passes: list[int] = []  # counts only: a reference to the class would change its count
+    real = gc.get_referrers
+
+    def counted(*objects: Any) -> list[Any]:
+        passes.append(len(objects))
+        return real(*objects)
+
+    monkeypatch.setattr(gc, "get_referrers", counted)
+    assert _torch.device_meshes() == []
+    assert _torch.device_meshes() == []
+    assert len(passes) == 1  # the second ask returned at once
+    mesh = DeviceMesh()
+    assert _torch.device_meshes() == [mesh]
+    assert len(passes) == 2

@@ -13,7 +13,8 @@ Modules: ``_members`` (who goes on: the survivors agree through the store, on pr
 only), ``_regroup`` (the default group takes them in place: gloo reconfigure on torch 2.14+,
 a new gloo backend elsewhere), ``_state`` (the furthest whole state, sent to every survivor),
 ``_grow`` (a replacement joins at a step boundary every member agreed to; its init is
-``distcompat.process_group._joining``), ``_steps`` (the loop's :class:`InPlace`), ``_errors``.
+``distcompat.process_group._joining``), ``_ddp`` (DDP after a regroup), ``_recovery`` (what a
+regroup did, said in one line), ``_steps`` (the loop's :class:`InPlace`), ``_errors``.
 The contract and its limits: docs/resilience.md.
 """
 
@@ -22,10 +23,12 @@ from distcompat.inplace._errors import (
     FencedError,
     InPlaceError,
     InPlaceUnsupportedError,
+    NotAdmittedError,
     ShrinkRefusedError,
     StateLostError,
 )
-from distcompat.inplace._steps import Attempt, InPlace, Recovery
+from distcompat.inplace._recovery import Recovery
+from distcompat.inplace._steps import Attempt, InPlace
 
 __all__ = [
     "Attempt",
@@ -33,6 +36,7 @@ __all__ = [
     "InPlace",
     "InPlaceError",
     "InPlaceUnsupportedError",
+    "NotAdmittedError",
     "Recovery",
     "ShrinkRefusedError",
     "StaleGroupError",

@@ -11,6 +11,7 @@ __all__ = [
     "FencedError",
     "InPlaceError",
     "InPlaceUnsupportedError",
+    "NotAdmittedError",
     "ShrinkRefusedError",
     "StateLostError",
 ]
@@ -38,3 +39,7 @@ class StateLostError(InPlaceError):
 
 class InPlaceUnsupportedError(InPlaceError):
     """The group or the training state cannot go on in place (the message says which, and why)."""
+
+
+class NotAdmittedError(InPlaceError):
+    """A newcomer came too late: the running group finished its loop before it admitted it."""

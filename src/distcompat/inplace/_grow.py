@@ -28,6 +28,8 @@ step. Example:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import threading
 import time
@@ -35,17 +37,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distcompat import peers
+from distcompat._ranks import rendezvous
 from distcompat._store import QuickStore, StoreUnreachable
+from distcompat.inplace._errors import NotAdmittedError
 from distcompat.inplace._members import Members
-from distcompat.inplace._regroup import wait_for
-from distcompat.process_group._joining import answer, requester
+from distcompat.inplace._regroup import MemberLostError, wait_for
+from distcompat.process_group._joining import Announcement, announce, answer, requester
 
-__all__ = ["POLL_S", "Admissions", "Proposal", "wait_admitted"]
+__all__ = ["POLL_S", "Admissions", "Proposal", "announce_members", "wait_admitted", "went_on"]
 
 #: How often each member's watch looks at the store for newcomers and proposals (seconds).
 POLL_S = 0.05
 #: How many steps past the leader's own a grow is proposed for.
 AHEAD = 2
+#: What the leader writes in a waiting newcomer's admission when its loop ended.
+_CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +101,19 @@ class Admissions:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the watch (the loop ended)."""
+        """End the watch (the loop ended); the leader closes every newcomer's admission.
+
+        A newcomer still waiting would wait for the group timeout: it is told at once, and
+        raises :class:`NotAdmittedError` (``compare_set``: an admission already written stays).
+        """
         self._stop.set()
         self._thread.join(timeout=2 * POLL_S + 1.0)
+        with self._lock:
+            leader = self._members.rank_of(self._me) == 0
+        if leader:
+            with contextlib.suppress(StoreUnreachable):  # best effort: its deadline still holds
+                for member in set(self._newcomers()) - self._admitted:
+                    self._store.compare_set(f"admit/{member}", "", _CLOSED)
 
     def reset(self, members: Members) -> None:
         """Go on with ``members`` (a regroup made a new epoch): proposals start again."""
@@ -246,8 +262,8 @@ def _wait(
 def wait_admitted(store: QuickStore, member: int, deadline: float) -> Members:
     """Say this newcomer is ready, wait to be admitted; return the members it joins.
 
-    Raises :class:`ShrinkRefusedError` when it is not admitted by ``deadline`` (the group ended,
-    or no step boundary came).
+    Raises :class:`NotAdmittedError` when the group's loop ended first, and
+    :class:`ShrinkRefusedError` when it is not admitted by ``deadline`` (no step boundary came).
     """
     store.set(f"ready/{member}", "1")
     key = f"admit/{member}"
@@ -257,5 +273,55 @@ def wait_admitted(store: QuickStore, member: int, deadline: float) -> Members:
     )
     during = "while this newcomer waited to be admitted"
     wait_for(store, [key], set, deadline, during=during, missing=missing)  # no member to lose yet
-    epoch, ids = json.loads(store.get(key))
+    admitted = store.get(key)
+    if admitted == _CLOSED.encode():
+        raise NotAdmittedError(
+            f"the running group finished its loop before it admitted newcomer {member}: "
+            "there is nothing left to join (this process holds no trained state)"
+        )
+    epoch, ids = json.loads(admitted)
     return Members(int(epoch), tuple(int(m) for m in ids))
+
+
+def announce_members(announced: Announcement, members: Members) -> bool:
+    """Tell newcomers the group runs, naming ``members``' processes (the leader's watch).
+
+    False while not every member's identity is published yet, or the store did not take it
+    (asked again at the watch's poll): a newcomer of a later job tells from them that this
+    one ended (:meth:`Announcement.outlived`).
+    """
+    found = rendezvous()
+    if found is None:
+        return True
+    identities = peers.identities_of(set(range(members.size)))
+    if len(identities) < members.size:
+        return False
+    named = tuple(identities[rank].to_json() for rank in range(members.size))
+    try:
+        announce(found[0], dataclasses.replace(announced, members=named))
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
+def went_on(
+    store: QuickStore, new: Members, me: int, gone: Callable[[], set[int]]
+) -> Callable[[], set[int]]:
+    """Return what a newcomer's regroup waits ask instead of a peer watch it does not have yet.
+
+    It learns that a member was lost when the others go on to the next epoch's agreement
+    (their ``alive`` keys): :class:`MemberLostError`, and it agrees with them. Otherwise the
+    members of ``new`` among ``gone()`` (left out, as a regroup found them).
+    """
+    alive = [f"epoch{new.epoch + 1}/alive/{m}" for m in new.ids if m != me]
+
+    def lost() -> set[int]:
+        with contextlib.suppress(StoreUnreachable):  # asked again at the next poll
+            if any(store.check([key]) for key in alive):
+                raise MemberLostError(
+                    f"the members went on to epoch {new.epoch + 1}: one was lost while this "
+                    "newcomer joined"
+                )
+        return gone() & set(new.ids)
+
+    return lost

@@ -26,7 +26,7 @@ import torch
 from distcompat.collectives import all_gather_object, broadcast, broadcast_object_list
 from distcompat.inplace._errors import InPlaceUnsupportedError, StateLostError
 
-__all__ = ["Position", "choose_source", "positions", "refuse_sharded", "sync"]
+__all__ = ["Position", "choose_source", "positions", "refuse_sharded", "sync", "zero_grads"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +131,9 @@ def sync(
         abandon = getattr(value, "abandon", None)  # a step's partial work (exact mode's sums)
         if callable(abandon):
             abandon()
+
+
+def zero_grads(model: torch.nn.Module) -> None:
+    """Drop every gradient of ``model`` (the step redone starts from none)."""
+    for param in model.parameters():
+        param.grad = None

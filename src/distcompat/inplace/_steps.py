@@ -28,8 +28,6 @@ takes one lock (the boundary); a thread polls the store for newcomers every 50 m
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,18 +40,25 @@ from torch.nn.parallel import DistributedDataParallel
 
 from distcompat import _torch, peers
 from distcompat._ranks import recorded, rendezvous
-from distcompat._store import QuickStore, StoreUnreachable
-from distcompat.collectives import CollectiveError, all_reduce
+from distcompat._store import QuickStore
+from distcompat.collectives import all_reduce
+from distcompat.inplace._ddp import regroup_ddp
 from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
-from distcompat.inplace._grow import Admissions, Proposal, wait_admitted
+from distcompat.inplace._grow import Admissions, Proposal, announce_members, wait_admitted, went_on
 from distcompat.inplace._members import Members, agree_survivors
+from distcompat.inplace._recovery import Recovery, deadline, is_collective, report
 from distcompat.inplace._regroup import Joiners, MemberLostError, Regrouped, regroup
-from distcompat.inplace._state import Position, choose_source, positions, refuse_sharded, sync
+from distcompat.inplace._state import (
+    Position,
+    choose_source,
+    positions,
+    refuse_sharded,
+    sync,
+    zero_grads,
+)
 from distcompat.process_group import _joining
 
-__all__ = ["Attempt", "InPlace", "Recovery"]
-
-_log = logging.getLogger("distcompat.inplace")
+__all__ = ["Attempt", "InPlace"]
 
 #: How many regroups one recovery may take (a rank lost during one starts the next).
 ATTEMPTS = 4
@@ -61,27 +66,6 @@ ATTEMPTS = 4
 #: failed, before it takes the error for what it is (seconds): a pidfd fires at once, a link
 #: a round trip later.
 EVIDENCE_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """One regroup: who was lost, who went on, from which step, and the time of each part."""
-
-    epoch: int
-    lost: tuple[int, ...]  # member ids (launch ranks; newcomers count on from the first size)
-    members: tuple[int, ...]  # member ids, in their new rank order
-    step: int  # the step the group goes on from (steps applied)
-    source: int  # the rank whose state every survivor took
-    how: str
-    agree_s: float
-    regroup_s: float
-    sync_s: float
-    joined: tuple[int, ...] = ()  # newcomers admitted (a grow)
-
-    @property
-    def seconds(self) -> float:
-        """From this rank's error to the state in place."""
-        return self.agree_s + self.regroup_s + self.sync_s
 
 
 class Attempt:
@@ -241,29 +225,14 @@ class InPlace:
         self._store = QuickStore(store, _joining.prefix(self._base))
 
     def _announce(self, members: Members) -> bool:
-        """Tell newcomers the group runs, naming ``members``' processes (the leader's watch).
-
-        False while not every member's identity is published yet (asked again at its poll):
-        a newcomer of a later job tells from them that this one ended.
-        """
-        found = rendezvous()
-        if found is None or self._announced is None:
-            return True
-        identities = peers.identities_of(set(range(members.size)))
-        if len(identities) < members.size:
-            return False
-        named = tuple(identities[rank].to_json() for rank in range(members.size))
-        try:
-            _joining.announce(found[0], dataclasses.replace(self._announced, members=named))
-        except (RuntimeError, OSError):  # the store did not take it: asked again at the poll
-            return False
-        return True
+        """Name ``members``' processes in the group's notice (the leader's watch asks)."""
+        return self._announced is None or announce_members(self._announced, members)
 
     def _be_admitted(self) -> None:
         """Wait until the members admit this newcomer, then take their state."""
         assert self._store is not None
         started = time.perf_counter()
-        new = wait_admitted(self._store, self._me, _deadline())
+        new = wait_admitted(self._store, self._me, deadline())
         self._members = new
         self._syncing = True  # it holds no state: never a source
         before = Members(new.epoch - 1, ())
@@ -282,7 +251,7 @@ class InPlace:
         first = self._members
         try:
             admissions = self._admissions
-            new = admissions.decide(proposal, self._ended_ids, _deadline())
+            new = admissions.decide(proposal, self._ended_ids, deadline())
             if new is None:
                 return
             self._members = new
@@ -334,7 +303,7 @@ class InPlace:
         """Whether ``error`` came with a peer's end seen (waiting for the evidence briefly)."""
         if not self._grouped:
             return False
-        deadline = time.monotonic() + (EVIDENCE_S if _is_collective(error) else 0.0)
+        deadline = time.monotonic() + (EVIDENCE_S if is_collective(error) else 0.0)
         while True:
             if self._ended_ids():
                 return True
@@ -373,7 +342,7 @@ class InPlace:
             except Exception as again:  # a member lost during it: a collective failed, or
                 if isinstance(again, MemberLostError):
                     self._gone |= again.ids
-                lost = _is_collective(again) and self._lost_behind(again)  # not any error
+                lost = is_collective(again) and self._lost_behind(again)  # not any error
                 if not isinstance(again, MemberLostError) and not lost:
                     raise
                 mine = Position(mine.applied, mine.torn or self._syncing)
@@ -387,7 +356,7 @@ class InPlace:
         assert self._store is not None
         tried = self._members  # the members agreed last (a grow or a regroup that broke off)
         new = agree_survivors(
-            self._store, tried, me=self._me, ended=self._ended_ids, deadline=_deadline()
+            self._store, tried, me=self._me, ended=self._ended_ids, deadline=deadline()
         )
         self._members = new  # a member lost from here on: the next agreement starts from it
         return self._rebuild(first, new, mine, started, tried=tried.ids)
@@ -418,7 +387,7 @@ class InPlace:
             base=self._base,
             links=self._links,
             lost=self._lost_in(new),
-            deadline=_deadline(),
+            deadline=deadline(),
             joining=None if newcomer is None else newcomer.group.group_name,
             joiners=joiners,
         )
@@ -434,9 +403,9 @@ class InPlace:
         sync(source, done.rank, self._model, self._optimizer, self._state, unapplied)
         self._syncing = False
         progress.applied = found[source].applied
-        _zero_grads(self._model)
+        zero_grads(self._model)
         if isinstance(self._model, DistributedDataParallel):
-            _regroup_ddp(self._model, done)
+            regroup_ddp(self._model, done)
         recovery = Recovery(
             epoch=new.epoch,
             lost=tuple(sorted((set(first.ids) | set(tried)) - set(new.ids))),
@@ -455,43 +424,19 @@ class InPlace:
     def _lost_in(self, new: Members) -> Callable[[], set[int]]:
         """Return what a regroup's waits ask: the members of ``new`` seen to end.
 
-        In a member, the peer watch's (still the group's before) and the regroup's own finds.
-        A newcomer watches no member yet: it learns that one was lost when the others go on to
-        the next epoch's agreement (:class:`MemberLostError`, and it agrees with them).
+        In a member, the peer watch's (still the group's before) and the regroup's own finds;
+        in a newcomer, which watches no member yet, :func:`~._grow.went_on`.
         """
         if _joining.pending() is None:
             return lambda: self._ended_ids() & set(new.ids)
-        store = self._store
-        assert store is not None
-        alive = [f"epoch{new.epoch + 1}/alive/{m}" for m in new.ids if m != self._me]
-
-        def went_on() -> set[int]:
-            with contextlib.suppress(StoreUnreachable):  # asked again at the next poll
-                if any(store.check([key]) for key in alive):
-                    raise MemberLostError(
-                        f"the members went on to epoch {new.epoch + 1}: one was lost while "
-                        "this newcomer joined"
-                    )
-            return self._gone & set(new.ids)
-
-        return went_on
+        assert self._store is not None
+        return went_on(self._store, new, self._me, lambda: self._gone)
 
     def _report(self, recovery: Recovery) -> None:
         """Keep ``recovery``; rank 0 says it in one line."""
-        done = self._regrouped_as
-        assert done is not None
+        assert self._regrouped_as is not None
         self._progress.history.append(recovery)
-        if done.rank == 0:
-            change = f"launch rank(s) {list(recovery.lost)} lost" if recovery.lost else ""
-            if recovery.joined:
-                change += f"{'; ' if change else ''}newcomer(s) {list(recovery.joined)} joined"
-            _log.warning(
-                "distcompat: %s; %d rank(s) go on in place from step %d "
-                "(epoch %d, %s; %.0f ms: agree %.0f, regroup %.0f, state %.0f)",
-                change, done.world_size, recovery.step, recovery.epoch, done.how,
-                recovery.seconds * 1e3, recovery.agree_s * 1e3, recovery.regroup_s * 1e3,
-                recovery.sync_s * 1e3,
-            )  # fmt: skip
+        report(recovery, self._regrouped_as)
 
     def _confirmed_end(self) -> bool:
         """One small collective after the last step: True when no rank was lost in it."""
@@ -505,56 +450,3 @@ class InPlace:
                 raise
             return False
         return int(mark) == self._progress.applied
-
-
-def _deadline() -> float:
-    """Return the ``time.monotonic()`` past which a regroup gives up: the group timeout on."""
-    info = recorded()
-    timeout_s = info.timeout.total_seconds() if info and info.timeout else 600.0
-    return time.monotonic() + timeout_s
-
-
-def _is_collective(error: BaseException) -> bool:
-    """Whether ``error`` (or what it wraps) is a collective's failure, or torch's text of one."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        if isinstance(current, CollectiveError) or "PeerLostError" in str(current):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return isinstance(error, RuntimeError)
-
-
-def _regroup_ddp(model: DistributedDataParallel, done: Regrouped) -> None:
-    """Bring DDP to the new members: its reducer forgets the broken step (torch's own call).
-
-    Where the group's backend was replaced rather than reconfigured, torch's C++ (DDP's
-    reducer) still reads the old world size, by which it divides the gradients: a model with
-    no comm hook of its own gets :func:`_divide_then_sum`, DDP's own arithmetic at the new size.
-    """
-    group = _torch.default_group()
-    _torch.update_ddp_group(model, group)
-    if not done.reconfigured and not _torch.ddp_comm_hooks(model):
-        model.register_comm_hook(None, _divide_then_sum)
-
-
-def _divide_then_sum(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP's default gradient sync, dividing by the world size Python sees (a comm hook)."""
-    del state
-    buffer = bucket.buffer()
-    buffer.div_(dist.get_world_size())
-    handle = all_reduce(buffer, dist.ReduceOp.SUM, None, True)
-    assert handle is not None
-    return handle.get_future().then(lambda done: done.value()[0])
-
-
-def _zero_grads(model: torch.nn.Module) -> None:
-    for param in model.parameters():
-        param.grad = None
-
-
-# DDP checks a hook's annotations against the classes themselves; this module's are strings.
-_divide_then_sum.__annotations__.update(
-    {"bucket": dist.GradBucket, "state": object, "return": torch.futures.Future[torch.Tensor]}
-)
