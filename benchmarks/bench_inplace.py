@@ -16,14 +16,20 @@ Usage::
 * **per step**: the same job with no rank lost, with ``InPlace`` and without it (``--plain``,
   the same loop bare), alternated in one run: rank 0's loop time over ``--steps`` steps, and the
   ratio of the medians.
+* **per step, sharded state**: the demo (its GPT, the sharded ZeroAdamW, 2 ranks) with
+  ``--in-place`` (``shard_copies``: each rank's share sent to the next after every step) and
+  without, alternated: the median step time, and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +112,32 @@ def per_step(world: int, runs: int, steps: int) -> None:
     )
 
 
+def sharded_per_step(runs: int, steps: int) -> None:
+    """The demo (2 ranks, its GPT, ZeroAdamW) with ``--in-place`` (InPlace keeps each rank's
+    share on the next rank after every step: ``shard_copies``) and without, alternated: the
+    median step time of each run past its first 10 steps, and the ratio of the medians."""
+    times: dict[str, list[float]] = {"copies": [], "bare": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for run in range(runs):
+            pairs = (("copies", ("--in-place",)), ("bare", ()))
+            for name, extra in pairs if run % 2 else pairs[::-1]:
+                out = Path(tmp) / f"{name}{run}"
+                command = [sys.executable, "-m", "distcompat", "demo", "--out", str(out)]
+                subprocess.run([*command, "--steps", str(steps), *extra], check=True,
+                               capture_output=True, cwd=tmp)  # fmt: skip
+                rows = [json.loads(line) for line in (out / "timings.jsonl").open()]
+                step_ms = [row["step_ms"] for row in rows if "step_ms" in row][10:]
+                times[name].append(statistics.median(step_ms))
+    medians = {name: statistics.median(found) for name, found in times.items()}
+    print(
+        f"  demo GPT, ZeroAdamW, 2 ranks, {steps} steps: shard copies "
+        f"{medians['copies']:.1f} ms/step, without {medians['bare']:.1f} ms/step, ratio "
+        f"{medians['copies'] / medians['bare']:.3f} (runs: copies "
+        f"{', '.join(f'{t:.1f}' for t in times['copies'])}; without "
+        f"{', '.join(f'{t:.1f}' for t in times['bare'])})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -124,6 +156,8 @@ def main() -> None:
         grow(world, args.runs)
     print("per step:")
     per_step(2, args.runs, args.steps)  # 3 ranks on 2 cores: +-10 % between runs of one mode
+    print("per step, sharded state:")
+    sharded_per_step(args.runs, 100)
 
 
 if __name__ == "__main__":

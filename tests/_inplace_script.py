@@ -1,6 +1,6 @@
 """One rank of the in-place tests: a hand-written exact-mode loop (or DDP) under InPlace.
 
-    python tests/_inplace_script.py --steps 12 --kill 2@5 [--ddp] [--float]
+    python tests/_inplace_script.py --steps 12 --kill 2@5 [--ddp] [--float] [--zero]
 
 ``--kill R@S[,R@S...]``: launch rank R SIGKILLs itself at the start of step S (it prints the
 time first; a replacement, ``TORCHELASTIC_RESTART_COUNT`` 1, does not); ``--stop R@S``: it SIGSTOPs
@@ -22,6 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 import distcompat
 from distcompat import _ranks
 from distcompat.anysize import ExactGradients, TrainPlan
+from distcompat.demo._optim import ZeroAdamW
 from distcompat.inplace import InPlace
 from distcompat.process_group import _joining
 
@@ -86,6 +88,25 @@ def end_at(key: str, how: str) -> None:
     os.kill(os.getpid(), signal.SIGKILL if how == "kill" else signal.SIGSTOP)
 
 
+def kill_me(me: int) -> None:
+    print(f"rank {me}: killed at {time.time()!r}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def whole_state(opt: ZeroAdamW, model: torch.nn.Module) -> str:
+    """The digest of the model and the optimizer's whole state: every rank's shards joined (the
+    same at any world size)."""
+    states: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(states, opt.state_dict())
+    hasher = hashlib.sha256(f"{states[0]['steps_done']} {digest(model)}".encode())
+    for index in range(len(states[0]["shards"])):
+        for name in ("master", "exp_avg", "exp_avg_sq"):
+            whole = torch.cat([state["shards"][index][name] for state in states])
+            numel = opt._params[index].numel()
+            hasher.update(whole[:numel].numpy().tobytes())
+    return hasher.hexdigest()
+
+
 def recorded_generation() -> int | str:
     """The init generation of this rank's group (the in-place keys are under it)."""
     found = _ranks.rendezvous()
@@ -101,6 +122,16 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=None, help="the group timeout (s)")
     parser.add_argument("--ddp", action="store_true")
     parser.add_argument("--float", action="store_true", help="no exact mode: a float all-reduce")
+    parser.add_argument(
+        "--zero", action="store_true",
+        help="the demo's sharded ZeroAdamW (float mode): each rank prints the digest of the "
+        "whole optimizer state at the start of each attempt (``state S HEX``)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--kill-in", choices=("start", "update"), default="start",
+        help="where --kill strikes: the attempt's start, or after the backward (a ZeroAdamW "
+        "shard updated, its gather not done: the survivors are torn)",
+    )  # fmt: skip
     parser.add_argument("--plain", action="store_true", help="the same loop without InPlace")
     parser.add_argument(
         "--subgroup", action="store_true",
@@ -143,13 +174,17 @@ def main() -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     plan = TrainPlan(global_batch=24, micro_batch=2)  # splits over 1, 2, 3, 4 and 6 ranks
-    exact = None if args.float else ExactGradients(net, micro_batches=plan.micro_batches)
+    exact = (
+        None if args.float or args.zero else ExactGradients(net, micro_batches=plan.micro_batches)
+    )
     model: torch.nn.Module = net
     if args.ddp:
         model = DistributedDataParallel(net)
         if exact is not None:
             model.register_comm_hook(None, exact.ddp_comm_hook)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    opt: Any = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    if args.zero:
+        opt = ZeroAdamW(net.parameters(), lr=0.01)
     state = {"plan": plan} if exact is None else {"plan": plan, "exact": exact}
     subgroup, mesh = None, None
     if args.subgroup:
@@ -157,14 +192,16 @@ def main() -> None:
         assert isinstance(made, dist.ProcessGroup)  # every rank is a member
         subgroup = made
         mesh = init_device_mesh("cpu", (dist.get_world_size(),))  # its group: the default one
-    inplace = None if args.plain else InPlace(model, opt, state=state)
+    inplace = None if args.plain else InPlace(model, opt, state=state, shard_copies=args.zero)
     attempts = _plain(args.steps) if inplace is None else inplace.steps(args.steps)
     began = time.perf_counter()
     for attempt in attempts:
         with attempt:
-            if (me, attempt.step) in kills and not replacement:
-                print(f"rank {me}: killed at {time.time()!r}", flush=True)
-                os.kill(os.getpid(), signal.SIGKILL)
+            if args.zero:
+                print(f"rank {me}: state {attempt.step} {whole_state(opt, net)}", flush=True)
+            killed = (me, attempt.step) in kills and not replacement
+            if killed and args.kill_in == "start":
+                kill_me(me)
             if me == stop_rank and attempt.step == stop_step:
                 os.kill(os.getpid(), signal.SIGSTOP)
             if dist.get_world_size() < int(os.environ["WORLD_SIZE"]):
@@ -174,12 +211,18 @@ def main() -> None:
                 last = share.micro_batches[-1]
                 for micro in share.micro_batches:
                     x, y = data(plan.step, micro)
-                    quiet = args.ddp and micro != last  # DDP syncs at the last micro-batch
-                    with model.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
+                    quiet = (args.ddp or args.zero) and micro != last  # they sync at the last
+                    holder = model if args.ddp else opt
+                    with holder.no_sync() if quiet else contextlib.nullcontext():  # type: ignore[operator]
                         loss = torch.nn.functional.mse_loss(model(x), y) / plan.micro_batches
                         if exact is not None:
                             exact.add_loss(loss)
                         loss.backward()  # type: ignore[no-untyped-call]
+                if killed:  # --kill-in update: this rank's shards updated, its gather not
+                    time.sleep(0.2)  # (the others wait in step(): torn)
+                    kill_me(me)
+                if args.zero:
+                    break
                 if exact is None:
                     for param in net.parameters():
                         assert param.grad is not None

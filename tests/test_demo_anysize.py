@@ -108,7 +108,8 @@ def test_default_mode_resize_keeps_the_global_batch_and_every_sample_once(tmp_pa
 def test_default_mode_in_place_keeps_the_global_batch_and_every_sample_once(
     tmp_path: Path,
 ) -> None:
-    """Float mode, a replicated AdamW: the survivor takes the whole global batch from step 6."""
+    """Float mode, ZeroAdamW: the survivor re-cuts the whole optimizer state from the copies
+    (its own half and rank 1's, which it held) and takes the whole global batch from step 6."""
     manifest = _demo(tmp_path / "run", "--kill", "1@6", "--in-place")
     sizes = manifest["sizes"]
     assert sizes["mode"] == "float"

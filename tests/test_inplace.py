@@ -94,6 +94,69 @@ def test_a_stopped_rank_is_not_shrunk_away() -> None:
         assert _said(rank, "digest") == []
 
 
+def _states(ranks: list[Ended]) -> dict[int, set[str]]:
+    """Every ``state S HEX`` the ranks printed (``--zero``), by step: one digest a step."""
+    found: dict[int, set[str]] = {}
+    for rank in ranks:
+        for line in _said(rank, "state"):
+            step, digest = line.split()
+            found.setdefault(int(step), set()).add(digest)
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["start", "update"])
+def test_a_zero_optimizer_goes_on_from_the_copies_of_its_shards(where: str) -> None:
+    """The demo's ZeroAdamW (each rank holds a third of its state): rank 1 is SIGKILLed at the
+    start of step 5, or after its backward (the survivors have updated their shards and wait
+    in the step's gather: torn). The survivors take its share from rank 2's copy, go back to
+    step 5, re-cut for 2 ranks: the model's and the whole optimizer state's digest at step 5
+    is the one every rank printed before the kill, and they end as replicas."""
+    args = ("--zero", "--steps", str(STEPS), "--kill", "1@5", "--kill-in", where)
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=90)
+    survivors = [ranks[0], ranks[2]]
+    assert ranks[1].returncode == -9
+    assert [r.returncode for r in survivors] == [0, 0], [r.stderr[-3000:] for r in survivors]
+    states = _states(ranks)
+    assert sorted(states) == list(range(STEPS))
+    assert all(len(digests) == 1 for digests in states.values()), states
+    for rank in survivors:
+        assert [line.split()[0] for line in _said(rank, "state")].count("5") == 2  # again
+        assert _said(rank, "world") == ["2"]
+        (recovery,) = _said(rank, "recovery")
+        assert recovery.split()[:2] == ["1", "1"]
+    assert _digest(ranks, 0) == _digest(ranks, 2)
+
+
+@pytest.mark.slow
+def test_a_zero_optimizer_whose_share_is_gone_twice_raises_state_lost() -> None:
+    """4 ranks, ZeroAdamW: ranks 1 and 2 (2 holds 1's copy) SIGKILLed together. Rank 1's share
+    is nowhere: both survivors raise StateLostError (a restart resumes the job) and end."""
+    args = ("--zero", "--steps", str(STEPS), "--kill", "1@5,2@5")
+    ranks = run_ranks(SCRIPT, 4, args=args, timeout=90)
+    for rank in (ranks[0], ranks[3]):
+        assert rank.returncode == 1, rank.stderr[-3000:]
+        assert "StateLostError: a share of the sharded state is gone" in rank.stderr
+        assert _said(rank, "digest") == []
+
+
+@pytest.mark.slow
+def test_a_replacement_takes_its_share_of_a_zero_optimizer() -> None:
+    """ZeroAdamW: launch rank 2 SIGKILLed at step 2 and started again (the harness's
+    ``--max-restarts``). The survivors shrink to halves; the replacement is admitted, every
+    rank cuts its third from the copies, and every state digest any rank printed (the
+    replacement's included) is the one of its step."""
+    args = ("--zero", "--steps", str(GROW_STEPS), "--kill", "2@2", "--pace", str(PACE_S))
+    ranks = run_ranks(SCRIPT, 3, args=args, timeout=120, restart=(2,))
+    finished = [ranks[0], ranks[1], ranks[3]]
+    assert [r.returncode for r in finished] == [0, 0, 0], [r.stderr[-3000:] for r in finished]
+    assert all(len(digests) == 1 for digests in _states(ranks).values())
+    assert len(_said(ranks[3], "state")) > 0  # the replacement trained
+    assert {_digest(ranks, r) for r in (0, 1, 3)} == {_digest(ranks, 0)}
+    for rank in finished:
+        assert _said(rank, "world") == ["3"]
+
+
 @pytest.fixture(scope="module")
 def uninterrupted_grow() -> str:
     """The exact-mode digest of the grow jobs' length with no rank lost (3 ranks)."""

@@ -1,4 +1,5 @@
-"""InPlace keeps replicated state only: sharded state is refused by name, before any step.
+"""InPlace takes replicated state and Reshardable sharded state; what it cannot re-cut in
+place (torch's ZeroRedundancyOptimizer, DTensor parameters) is refused by name, before any step.
 
 One process; the ZeroRedundancyOptimizer and DTensor cases make a one-rank gloo group through a
 file store (they need one to exist).
@@ -28,18 +29,28 @@ class _Shard:
     def load_resharded(self, states: list[dict[str, Any]], /) -> None:
         del states
 
+    def step(self) -> None:
+        pass
+
 
 def test_a_replicated_optimizer_and_state_are_taken() -> None:
     model = torch.nn.Linear(2, 1)
     InPlace(model, torch.optim.AdamW(model.parameters()), state={"plan": object()})
 
 
-def test_a_reshardable_optimizer_or_state_is_refused_by_name() -> None:
+def test_a_reshardable_optimizer_or_state_is_refused_without_shard_copies() -> None:
     model = torch.nn.Linear(2, 1)
     with pytest.raises(InPlaceUnsupportedError, match=r"the optimizer \(_Shard\) holds a share"):
         InPlace(model, _Shard())
-    with pytest.raises(InPlaceUnsupportedError, match=r"state\['zero'\] \(_Shard\)"):
+    with pytest.raises(InPlaceUnsupportedError, match=r"state\['zero'\] .*shard_copies=True"):
         InPlace(model, torch.optim.SGD(model.parameters()), state={"zero": _Shard()})
+
+
+def test_a_reshardable_optimizer_or_state_is_taken_with_shard_copies() -> None:
+    """Kept in two places at each step (``_shards``) instead of sent from one rank."""
+    model = torch.nn.Linear(2, 1)
+    InPlace(model, _Shard(), shard_copies=True)
+    InPlace(model, torch.optim.SGD(model.parameters()), state={"zero": _Shard()}, shard_copies=True)
 
 
 @pytest.fixture

@@ -36,6 +36,7 @@ requests on that store wait too; they would not be answered either.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -125,6 +126,8 @@ def shut_down(timeout: float = TIMEOUT_S) -> None:
 
 def _the_worker() -> _Worker:
     global _worker
+    if sys.is_finalizing():  # a thread started now waits forever (Python 3.11's Thread.start)
+        raise RuntimeError("the interpreter is shutting down: no store request starts now")
     with _lock:
         if _worker is None or not _worker.thread.is_alive():  # none yet, or lost in a fork
             _worker = _Worker()

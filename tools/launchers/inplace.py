@@ -19,6 +19,10 @@ exact mode's bits depend neither on the launcher nor on the world size), and giv
   rendezvous, no restarts), one rank each; node 1's rank is SIGKILLed and its agent gives up
   (node 1 lost): node 0's rank goes on alone; then node 1 comes back (a new agent, the same
   command) and its rank joins in place. Both end with the uninterrupted run's SHA-256.
+* ``torchrun-2node-zero-inplace``: the same with two ranks a node and the demo's sharded
+  ZeroAdamW under ``shard_copies`` (float mode): node 1's two ranks are lost together, their
+  shares come back from the copies on node 0, and node 1's new ranks take theirs; every state
+  digest a rank printed (model and the whole optimizer state) is its step's.
 * ``slurm-inplace``: ``srun -K0 -W0`` in the session's Slurm cluster (srun keeps the other
   tasks; it starts no replacement): the survivors shrink to 2 and finish; srun's exit code is
   the killed task's.
@@ -179,27 +183,44 @@ def torchrun_inplace(ctx: Context) -> Verdict:
 
 def torchrun_2node_inplace(ctx: Context) -> Verdict:
     """Node 1 lost (its rank and agent end), node 0 goes on; node 1 back: its rank joins."""
-    assert ctx.nodes is not None, "a two-node case runs inside the namespaces run.py created"
-    started = time.monotonic()
     want = _uninterrupted(ctx)
     if isinstance(want, Verdict):
         return want
+    return _two_nodes(ctx, per_node=1, extra=(), want=want)
+
+
+def torchrun_2node_zero_inplace(ctx: Context) -> Verdict:
+    """The same with two ranks a node and the demo's sharded ZeroAdamW (``shard_copies``):
+    node 1's two ranks lost together, their shares come from node 0's copies; node 1 back."""
+    return _two_nodes(ctx, per_node=2, extra=("--zero",), want=None)
+
+
+def _two_nodes(ctx: Context, *, per_node: int, extra: tuple[str, ...], want: str | None) -> Verdict:
+    """Node 1's ranks SIGKILL themselves at step KILL_STEP and its agent gives up; node 0's go
+    on; a new agent on node 1 (the same command) and its ranks join. ``want``: the SHA-256
+    every rank ends with (exact mode); None (``--zero``, float): every state digest a rank
+    printed is its step's, and every rank ends with the same parameters."""
+    assert ctx.nodes is not None, "a two-node case runs inside the namespaces run.py created"
+    started = time.monotonic()
     port = _free_port()
+    lost_ranks = list(range(per_node, 2 * per_node))
+    kills = ",".join(f"{rank}@{KILL_STEP}" for rank in lost_ranks)
 
     def agent(node: int, log: str) -> procs.Job:
         assert ctx.nodes is not None
         head = [
-            str(ctx.bin / "torchrun"), "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=1",
-            "--rdzv-backend=static", f"--master-addr={ADDRESSES[0]}", f"--master-port={port}",
-            "--max-restarts=0", "--monitor-interval=0.1",
+            str(ctx.bin / "torchrun"), "--nnodes=2", f"--node-rank={node}",
+            f"--nproc-per-node={per_node}", "--rdzv-backend=static",
+            f"--master-addr={ADDRESSES[0]}", f"--master-port={port}", "--max-restarts=0",
+            "--monitor-interval=0.1",
         ]  # fmt: skip
-        argv = [*head, *_argv(ctx, "--kill", f"1@{KILL_STEP}", "--pace", str(PACE_S))[1:]]
+        argv = [*head, *_argv(ctx, "--kill", kills, "--pace", str(PACE_S), *extra)[1:]]
         return procs.start(
             ctx.nodes.exec_in(node, argv), env=node_env(ctx, node), log=ctx.work / log
         )
 
     node0, lost = agent(0, "node0.log"), agent(1, "node1-lost.log")
-    gone = procs.wait(lost, ctx.timeout)  # its rank kills itself; the agent gives up
+    gone = procs.wait(lost, ctx.timeout)  # its ranks kill themselves; the agent gives up
     back = agent(1, "node1-back.log")
     finished = procs.wait_all([node0, back], ctx.timeout)
     seconds = time.monotonic() - started
@@ -210,25 +231,49 @@ def torchrun_2node_inplace(ctx: Context) -> Verdict:
     codes = [f.returncode for f in finished]
     if codes != [0, 0]:
         problems.append(f"node 0 and node 1's new agent exited {codes}")
-    problems.append(_digests_match(said, [0, 1], want))
+    ranks = list(range(2 * per_node))
+    if want is not None:
+        problems.append(_digests_match(said, ranks, want))
+        ends = f"both end with the uninterrupted run's SHA-256 {want[:12]}"
+    else:
+        problems.append(_states_agree(said, ranks))
+        ends = "every rank's model and whole optimizer state agree at every step"
     recoveries = [r.split() for r in said.of(0, "recovery")]
-    if [r[:3] for r in recoveries] != [["1", "1", "-"], ["2", "-", "2"]]:
+    shrink_to = ["1", ",".join(map(str, lost_ranks)), "-"]
+    joined = {j for r in recoveries[1:] if r[1] == "-" for j in r[2].split(",")}
+    new_ids = {str(2 * per_node + i) for i in range(per_node)}  # the newcomers may join apart
+    if not recoveries or recoveries[0][:3] != shrink_to or joined != new_ids:
         problems.append(f"node 0's regroups were {recoveries}, not a shrink then a grow")
     failed = _failed(problems, finished[0].tail(), seconds)
     if failed is not None:
         return failed
-    join_s = _join_s(said, 1)  # node 1's new rank
-    shrink = _kill_to_commit(said, killed=1) or float("nan")
+    join_s = _join_s(said, per_node)  # node 1's first new rank
+    shrink = _kill_to_commit(said, killed=per_node) or float("nan")
     return Verdict(
         ok=True,
         line=(
-            f"pass (2 nodes, {seconds:.1f} s; node 1 lost at step {KILL_STEP}: node 0 committed "
-            f"the next step alone {(shrink - PACE_S) * 1e3:.0f} ms after the kill (not counting "
-            f"the script's {PACE_S} s wait per step while short); node 1 back: its new "
-            f"rank committed its first step {join_s:.2f} s after its process started; both end "
-            f"with the uninterrupted run's SHA-256 {want[:12]})"
+            f"pass (2 nodes x {per_node} rank(s), {seconds:.1f} s; node 1 lost at step "
+            f"{KILL_STEP}: node 0 committed the next step alone {(shrink - PACE_S) * 1e3:.0f} ms "
+            f"after the kill (not counting the script's {PACE_S} s wait per step while short); "
+            f"node 1 back: its new rank committed its first step {join_s:.2f} s after its "
+            f"process started; {ends})"
         ),
     )
+
+
+def _states_agree(said: Said, ranks: list[int]) -> str:
+    """'' when every ``state S HEX`` any rank printed is one digest per step, and every rank of
+    ``ranks`` ended with the same parameters; else what is wrong."""
+    states: dict[str, set[str]] = {}
+    for rank in ranks:
+        for line in said.of(rank, "state"):
+            step, digest = line.split()
+            states.setdefault(step, set()).add(digest)
+    split = sorted((int(step) for step, found in states.items() if len(found) > 1))
+    ends = {tuple(said.of(rank, "digest")[-1:]) for rank in ranks}
+    if split or len(ends) != 1 or ends == {()}:
+        return f"state digests differ at step(s) {split}, final digests {sorted(ends)}"
+    return ""
 
 
 def _shrink_only(ctx: Context, head: list[str], launcher: str, env: dict[str, str]) -> Verdict:
@@ -286,4 +331,10 @@ INPLACE = (
     ),
     Restart(name="slurm-inplace", timeout=120, run=slurm_inplace, needs="slurm"),
     Restart(name="torchrun-2node-inplace", timeout=180, run=torchrun_2node_inplace, needs="netns"),
+    Restart(
+        name="torchrun-2node-zero-inplace",
+        timeout=180,
+        run=torchrun_2node_zero_inplace,
+        needs="netns",
+    ),
 )

@@ -40,9 +40,9 @@ class DemoConfig:
     ``batch_size`` is per rank, as before. ``exact`` sums gradients as integers (the same bits at
     any world size; needs ``global_batch``). ``resize="OLD:NEW@STEP"`` starts OLD ranks, stops
     them together after STEP and finishes on NEW ranks. ``in_place``: a lost rank costs a regroup,
-    not a restart (``distcompat.inplace``): the others go on at the new size with a replicated
-    AdamW, the global batch kept (``batch_size`` times the starting ranks without
-    ``global_batch``).
+    not a restart (``distcompat.inplace``): the others go on at the new size, ZeroAdamW's shards
+    re-cut from the copies in place (exact mode's replicated AdamW sent whole), the global batch
+    kept (``batch_size`` times the starting ranks without ``global_batch``).
 
     Example:
         >>> config = DemoConfig(out=Path("x"), steps=10)

@@ -99,20 +99,28 @@ class ZeroAdamW:
     ) -> None:
         self._lr = _lr_schedule(lr)
         self._betas, self._eps, self._weight_decay = betas, eps, weight_decay
+        self._params = [p for p in params if p.requires_grad]
+        if not self._params:
+            raise ValueError("ZeroAdamW got no parameter that requires grad")
+        self._world, self._rank = 1, 0
+        self._slots: list[_Slot] = []
+        self._order: list[_Slot] = []
+        self._slot_for_world()
+        self._syncing = True
+        self.steps_done = 0
+        self.sync_wait_s = 0.0
+        self._hooks = self._register_hooks()
+
+    def _slot_for_world(self) -> None:
+        """Cut the shards for the group's world size and rank now; no step in flight after."""
         self._world = dist.get_world_size() if dist.is_initialized() else 1
         self._rank = dist.get_rank() if dist.is_initialized() else 0
-        self._slots = [self._make_slot(p) for p in params if p.requires_grad]
-        if not self._slots:
-            raise ValueError("ZeroAdamW got no parameter that requires grad")
+        self._slots = [self._make_slot(p) for p in self._params]
         # Gradients become ready roughly from the last layer back: launch in that order.
         self._order = list(reversed(self._slots))
         self._position = {id(slot.param): i for i, slot in enumerate(self._order)}
         self._ready = [False] * len(self._order)
         self._launched = 0
-        self._syncing = True
-        self.steps_done = 0
-        self.sync_wait_s = 0.0
-        self._hooks = self._register_hooks()
 
     def _make_slot(self, param: nn.Parameter) -> _Slot:
         numel = param.numel()
@@ -167,7 +175,12 @@ class ZeroAdamW:
             slot.grad_shard, flat, op=dist.ReduceOp.AVG, async_op=True
         )
         step = self.steps_done + 1
-        slot.update = work.get_future().then(lambda _done: self._adamw(slot, step))
+
+        def update(done: torch.futures.Future[Any]) -> list[torch.Tensor]:
+            done.value()  # a failed reduce-scatter: its error, and no update from a stale shard
+            return self._adamw(slot, step)
+
+        slot.update = work.get_future().then(update)
 
     @torch.no_grad()
     def _adamw(self, slot: _Slot, step: int) -> list[torch.Tensor]:
@@ -302,6 +315,9 @@ class ZeroAdamW:
         ``states`` are the saving ranks' :meth:`state_dict` in rank order: each parameter's
         shards are joined into the whole (padding dropped) and this rank's shard is cut from it,
         so the run continues on any number of ranks with the same master weights and moments.
+        The world size is the group's now (one that changed since this optimizer was made, in
+        place, re-cuts its shards), and every parameter becomes its whole master weights in its
+        own dtype, as a step's gather leaves it: a step broken off midway is undone.
 
         Example:
             >>> opt = ZeroAdamW(torch.nn.Linear(3, 1).parameters(), lr=0.1)
@@ -317,18 +333,35 @@ class ZeroAdamW:
         steps = {int(state["steps_done"]) for state in states}
         if len(steps) != 1:
             raise OptimizerStateError(f"the saving ranks were at different steps: {sorted(steps)}")
-        for index, slot in enumerate(self._slots):
-            numel = slot.param.numel()
-            start = self._rank * slot.shard
-            for name in ("master", "exp_avg", "exp_avg_sq"):
-                whole = torch.cat([state["shards"][index][name] for state in states])[:numel]
-                if whole.numel() != numel:
-                    raise OptimizerStateError(
-                        f"optimizer state {name} of parameter {index} holds {whole.numel()} "
-                        f"elements, the parameter {numel}"
-                    )
-                mine: torch.Tensor = getattr(slot, name)
-                mine.zero_()
-                part = whole[start : start + slot.shard]
-                mine[: part.numel()].copy_(part)
+        counts = {len(state["shards"]) for state in states}
+        if counts != {len(self._params)}:
+            raise OptimizerStateError(
+                f"optimizer states hold {sorted(counts)} parameters, this optimizer "
+                f"{len(self._params)}"
+            )
+        wholes = [self._wholes(index, states) for index in range(len(self._params))]
+        self._slot_for_world()
+        with torch.no_grad():
+            for slot, whole in zip(self._slots, wholes, strict=True):
+                start = self._rank * slot.shard
+                for name, tensor in whole.items():
+                    mine: torch.Tensor = getattr(slot, name)
+                    part = tensor[start : start + slot.shard]
+                    mine.zero_()
+                    mine[: part.numel()].copy_(part)
+                slot.param.data.view(-1).copy_(whole["master"].to(slot.param.dtype))
         self.steps_done = steps.pop()
+
+    def _wholes(self, index: int, states: Sequence[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        """Join parameter ``index``'s shards of ``states`` into whole tensors (padding dropped)."""
+        numel = self._params[index].numel()
+        wholes = {}
+        for name in ("master", "exp_avg", "exp_avg_sq"):
+            whole = torch.cat([state["shards"][index][name] for state in states])[:numel]
+            if whole.numel() != numel:
+                raise OptimizerStateError(
+                    f"optimizer state {name} of parameter {index} holds {whole.numel()} "
+                    f"elements, the parameter {numel}"
+                )
+            wholes[name] = whole
+        return wholes

@@ -226,7 +226,7 @@ def _in_place(config: DemoConfig, trainer: Trainer, progress: _Progress) -> InPl
     state["records"] = _Records(progress)
     if trainer.exact is not None:
         state["exact"] = trainer.exact
-    return InPlace(trainer.model, trainer.optimizer, state=state)
+    return InPlace(trainer.model, trainer.optimizer, state=state, shard_copies=True)
 
 
 def _resume_check(

@@ -77,9 +77,8 @@ class Trainer:
 
     With ``--global-batch`` a step is ``plan.micro_batches`` micro-batches, ``share`` of them on
     this rank; in exact mode (``exact`` set) the optimizer is a replicated AdamW fed by
-    :class:`~distcompat.anysize.ExactGradients`; in place (``--in-place``) a replicated AdamW
-    fed by one all-reduce of the gradients (every rank holds the whole state, so a survivor can
-    send it); else the sharded :class:`ZeroAdamW`.
+    :class:`~distcompat.anysize.ExactGradients`; else the sharded :class:`ZeroAdamW` (in place
+    too: ``distcompat.inplace`` keeps each rank's share on one other rank too).
     """
 
     config: DemoConfig
@@ -122,10 +121,9 @@ class Trainer:
             share = plan.share(world_size=world, rank=rank)  # BatchSplitError: before training
         exact = None
         optimizer: ZeroAdamW | torch.optim.AdamW
-        if config.exact or config.in_place:
-            if config.exact:
-                assert plan is not None  # DemoConfig: --exact needs a plan
-                exact = ExactGradients(model, micro_batches=plan.micro_batches)
+        if config.exact:
+            assert plan is not None  # DemoConfig: --exact needs a plan
+            exact = ExactGradients(model, micro_batches=plan.micro_batches)
             optimizer = torch.optim.AdamW(
                 model.parameters(), lr=config.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0
             )
@@ -187,10 +185,8 @@ class Trainer:
         micro = list(zip(torch.split(inputs, size), torch.split(targets, size), strict=True))
         if self.exact is not None:
             loss_value = self._exact_step(micro, self.exact)
-        elif isinstance(self.optimizer, ZeroAdamW):
-            loss_value = self._float_step(micro)
         else:
-            loss_value = self._replicated_step(micro)
+            loss_value = self._float_step(micro)
         end = time.perf_counter()
         self.step += 1
         if self.plan is not None:
@@ -208,9 +204,20 @@ class Trainer:
         )
 
     def _float_step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-        """Accumulate the micro-batches in float; ZeroAdamW's hooks sync during the last one."""
+        """Accumulate the micro-batches in float; ZeroAdamW's hooks sync during the last one.
+
+        With a plan each micro-batch's loss counts ``1 / plan.micro_batches`` of the step (the
+        ranks' shares may be uneven, after a regroup in place for one): scaled by the world
+        size, since the reduce-scatter averages over the ranks.
+        """
         assert isinstance(self.optimizer, ZeroAdamW)
         total = torch.zeros(1)
+        world = distcompat.get_world_size()
+        if self.plan is None:  # equal shares: each rank's mean, averaged
+            share, op, count = float(len(micro)), dist.ReduceOp.AVG, len(micro)
+        else:  # a fraction of the step each (shares may be uneven, after a regroup): summed
+            count = self.plan.micro_batches
+            share, op = count / world, dist.ReduceOp.SUM
         for index, (inputs, targets) in enumerate(micro):
             last = index == len(micro) - 1
             with contextlib.nullcontext() if last else self.optimizer.no_sync():
@@ -218,45 +225,17 @@ class Trainer:
                     loss = self.model(inputs, targets)
                 total += loss.detach().float()
                 if last:  # the loss's all-reduce overlaps the last backward
-                    mean = total / len(micro)
-                    loss_sync = dist.all_reduce(mean, op=dist.ReduceOp.AVG, async_op=True)
-                (loss / len(micro)).backward()  # the last: hooks launch the reduce-scatters
+                    mean = total / count
+                    loss_sync = dist.all_reduce(mean, op=op, async_op=True)
+                (loss / share).backward()  # the last: hooks launch the reduce-scatters
         self.optimizer.step()
         self.optimizer.zero_grad()
         loss_sync.wait()
         self.sync_wait_s = self.optimizer.sync_wait_s
         return float(mean.item())
 
-    def _replicated_step(self, micro: list[tuple[torch.Tensor, torch.Tensor]]) -> float:
-        """Float gradients of this rank's micro-batches, summed over ranks in one all-reduce.
-
-        Each micro-batch's loss is divided by the plan's micro-batches (all ranks), so the sum
-        is the global batch's mean at any world size.
-        """
-        assert self.plan is not None  # DemoConfig: --in-place always has a plan
-        count = self.plan.micro_batches
-        total = torch.zeros(1)
-        for inputs, targets in micro:
-            with self.autocast():
-                loss = self.model(inputs, targets)
-            total += loss.detach().float()
-            (loss / count).backward()
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        flat = torch.cat([p.grad.reshape(-1) for p in params] + [total / count])  # type: ignore[union-attr]
-        reduce_start = time.perf_counter()
-        distcompat.all_reduce(flat)
-        self.sync_wait_s = time.perf_counter() - reduce_start
-        offset = 0
-        for param in params:
-            grad = param.grad
-            assert grad is not None
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
-        self._replicated_update()
-        return float(flat[-1])
-
     def _replicated_update(self) -> None:
-        """Step the replicated AdamW at this step's learning rate (exact and in-place modes)."""
+        """Step the replicated AdamW at this step's learning rate (exact mode)."""
         assert isinstance(self.optimizer, torch.optim.AdamW)
         for group in self.optimizer.param_groups:
             group["lr"] = lr_schedule(self.config)(self.step + 1)

@@ -175,7 +175,7 @@ class Admissions:
                     continue
                 self._identities[member] = found
             identity = self._identities[member]
-            if peers.same_machine(identity) and not peers.is_alive(identity):
+            if peers.seen_ended(identity):
                 ended.add(member)
         return ended
 

@@ -6,9 +6,9 @@ a third inside an update that has collectives of its own (torn). Each says where
 (:class:`Position`); the source is the lowest rank among those at the furthest whole step
 (:func:`choose_source`), and :func:`sync` sends its model, optimizer and other state to every
 other survivor over the group. So a step commits on every survivor or on none: the state the
-group goes on from is one rank's, whole. Replicated state only: each rank's optimizer state must
-be the same (DDP, a hand-written all-reduce); sharded state (ZeRO, FSDP2) lost its shard with
-the rank.
+group goes on from is one rank's, whole. Sharded state (a ``Reshardable``: a ZeRO optimizer)
+is not sent so: each share comes back from the copies ``_shards`` keeps, at a step chosen with
+it (``choose_source(found, at=step)``); FSDP2's DTensor parameters cannot be re-cut in place.
 
 Example:
     >>> choose_source([Position(3, False), Position(4, True), Position(4, False)])
@@ -33,40 +33,53 @@ __all__ = ["Position", "choose_source", "positions", "refuse_sharded", "sync", "
 class Position:
     """Where one survivor stands: optimizer steps applied whole, and whether it was inside one."""
 
-    applied: int
+    applied: int  # -1: a newcomer, which holds no state
     torn: bool
 
 
-def refuse_sharded(model: torch.nn.Module, optimizer: Any, state: Mapping[str, Any]) -> None:
-    """Raise :class:`InPlaceUnsupportedError` for state that differs from rank to rank.
+def refuse_sharded(
+    model: torch.nn.Module, optimizer: Any, state: Mapping[str, Any], *, copies: bool
+) -> None:
+    """Raise :class:`InPlaceUnsupportedError` for sharded state that cannot be re-cut in place.
 
-    :func:`sync` sends one rank's state to every other: a share of sharded state (a ZeRO
-    optimizer's, FSDP2's or tensor parallel's parameters) sent so would overwrite each rank's
-    own share with the source's, silently. Sharded state is known by its kind: DTensor
-    parameters, torch's ``ZeroRedundancyOptimizer``, or a ``Reshardable`` object (one with
-    ``load_resharded``, the checkpoint's protocol for a per-rank share).
+    :func:`sync` sends one rank's state to every other: a share of sharded state sent so would
+    overwrite each rank's own share with the source's, silently. A ``Reshardable`` object (one
+    with ``load_resharded``, the checkpoint's protocol for a per-rank share) is kept in two
+    places instead (``_shards``) when ``copies`` (InPlace's ``shard_copies``) says so, and
+    refused without it; FSDP2's or tensor parallel's DTensor parameters and torch's
+    ``ZeroRedundancyOptimizer`` (no ``load_resharded``) cannot be, and are refused.
 
     Example:
-        >>> refuse_sharded(torch.nn.Linear(2, 1), None, {})   # replicated: nothing to say
+        >>> refuse_sharded(torch.nn.Linear(2, 1), None, {}, copies=False)   # replicated
     """
     for name, param in model.named_parameters():
         if _is_a(param, "DTensor"):
             raise InPlaceUnsupportedError(
                 f"parameter {name} is a DTensor (FSDP2 or tensor parallel): each rank holds a "
                 "share of it, and a lost rank takes its share with it; InPlace keeps replicated "
-                "state (a plain or DDP model) in place. Without InPlace the job restarts from "
-                "its last checkpoint"
+                "parameters in place (a plain or DDP model, with a ZeRO optimizer that is "
+                "Reshardable if you like). Without InPlace the job restarts from its last "
+                "checkpoint"
             )
     named = {"the optimizer": optimizer, **{f"state[{key!r}]": v for key, v in state.items()}}
     for name, value in named.items():
-        resharded = callable(getattr(value, "load_resharded", None))
-        if resharded or _is_a(value, "ZeroRedundancyOptimizer"):
+        if not copies and callable(getattr(value, "load_resharded", None)):
             raise InPlaceUnsupportedError(
                 f"{name} ({type(value).__name__}) holds a share that differs from rank to rank "
-                "(a sharded optimizer: ZeRO); a lost rank takes its share with it, and sending "
-                "one rank's state to the others would overwrite theirs. InPlace keeps replicated "
-                "state in place (a torch.optim optimizer over a plain or DDP model); without "
-                "InPlace the job restarts from its last checkpoint"
+                "(a sharded optimizer: ZeRO), and a lost rank takes its share with it. Pass "
+                "InPlace(..., shard_copies=True) to keep each share on a second rank too (one "
+                "send of this rank's share a step: measured +13 % a step on the demo's GPT "
+                "with ZeroAdamW, docs/resilience.md); else the job restarts from its last "
+                "checkpoint"
+            )
+        if _is_a(value, "ZeroRedundancyOptimizer"):
+            raise InPlaceUnsupportedError(
+                f"{name} ({type(value).__name__}) holds a share that differs from rank to rank, "
+                "and cannot be re-cut for another world size (it has no load_resharded); a lost "
+                "rank takes its share with it. InPlace keeps a sharded optimizer that is "
+                "Reshardable (distcompat.checkpoint.Reshardable: its load_resharded cuts its "
+                "share from every rank's state) or a replicated one; without InPlace the job "
+                "restarts from its last checkpoint"
             )
 
 
@@ -82,12 +95,19 @@ def positions(mine: Position) -> list[Position]:
     return [Position(int(applied), bool(torn)) for applied, torn in found]
 
 
-def choose_source(found: list[Position]) -> int:
+def choose_source(found: list[Position], *, at: int | None = None, torn: bool = False) -> int:
     """Return the rank to copy from: the lowest rank at the furthest whole step.
 
-    Raises :class:`StateLostError` when every survivor was inside an update.
+    ``at``: the step to copy (sharded state goes back to the step its copies were kept at);
+    ``torn``: a rank inside its update may be the source (its optimizer's state is re-cut from
+    the copies, its parameters with it). A newcomer (applied -1) never is.
+    Raises :class:`StateLostError` when no survivor holds such a step whole.
     """
-    whole = [(p.applied, -rank) for rank, p in enumerate(found) if not p.torn]
+    whole = [
+        (p.applied, -rank)
+        for rank, p in enumerate(found)
+        if p.applied >= 0 and (torn or not p.torn) and at in (None, p.applied)
+    ]
     if not whole:
         raise StateLostError(
             "every survivor was inside its optimizer's update when the peer was lost (its "

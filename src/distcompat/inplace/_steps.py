@@ -48,6 +48,7 @@ from distcompat.inplace._grow import Admissions, Proposal, announce_members, wai
 from distcompat.inplace._members import Members, agree_survivors
 from distcompat.inplace._recovery import Recovery, deadline, is_collective, report
 from distcompat.inplace._regroup import Joiners, MemberLostError, Regrouped, regroup
+from distcompat.inplace._shards import Shards, sharded
 from distcompat.inplace._state import (
     Position,
     choose_source,
@@ -59,6 +60,9 @@ from distcompat.inplace._state import (
 from distcompat.process_group import _joining
 
 __all__ = ["Attempt", "InPlace"]
+
+#: Where a newcomer stands: it holds no state (never a source).
+NEWCOMER = Position(-1, True)
 
 #: How many regroups one recovery may take (a rank lost during one starts the next).
 ATTEMPTS = 4
@@ -86,7 +90,14 @@ class Attempt:
     ) -> bool:
         if error is None:
             return False
-        return self._inplace._recover(error)
+        try:
+            swallowed = self._inplace._recover(error)
+        except BaseException:
+            self._inplace._end_admissions()  # the loop ends here, not when it is collected
+            raise
+        if not swallowed:
+            self._inplace._end_admissions()
+        return swallowed
 
 
 @dataclass(slots=True)
@@ -108,11 +119,17 @@ class InPlace:
             ``state_dict()`` is taken at the start of each attempt (keep it cheap): a rank that
             sends its state for a step it did not apply sends that one, since a loader that
             fetched the step's batch is a batch ahead by then.
+        shard_copies: keep sharded state in place: the optimizer or a Stateful that is
+            ``Reshardable`` (a ZeRO optimizer whose ``load_resharded`` re-cuts its share and
+            sets the parameters it owns, as the demo's ``ZeroAdamW`` does). After each step
+            every rank sends its share to a rank on another machine (a cost per step: measure
+            it); a regroup goes back to the last step whose every share a survivor holds and
+            re-cuts them for the new size. Without it such state raises here.
 
     Needs the default group distcompat made (``init_distributed``) and state that is the same
-    on every rank: sharded state (DTensor parameters, a ZeRO optimizer, a ``Reshardable``)
-    raises :class:`InPlaceUnsupportedError` here. :attr:`recoveries` lists each regroup with
-    its times.
+    on every rank or ``Reshardable`` (with ``shard_copies``): DTensor parameters (FSDP2) and
+    torch's ``ZeroRedundancyOptimizer`` raise :class:`InPlaceUnsupportedError` here.
+    :attr:`recoveries` lists each regroup with its times.
 
     Example:
         >>> model = torch.nn.Linear(2, 1)
@@ -131,9 +148,13 @@ class InPlace:
         optimizer: Any,
         *,
         state: Mapping[str, Any] | None = None,
+        shard_copies: bool = False,
     ) -> None:
         self._model, self._optimizer, self._state = model, optimizer, dict(state or {})
-        refuse_sharded(model, optimizer, self._state)
+        refuse_sharded(model, optimizer, self._state, copies=shard_copies)
+        info = recorded()  # a copy of each share goes to another machine: its node rank
+        node = 0 if info is None else info.node_rank
+        self._shards = Shards(sharded(optimizer, self._state), node)  # kept twice (_shards)
         _torch.device_meshes()  # the pass a regroup would pay, paid here (none: none later)
         self._progress = _Progress()
         self._grouped = dist.is_available() and dist.is_initialized()
@@ -146,6 +167,8 @@ class InPlace:
         self._base, self._links = "", True
         self._syncing = False  # inside a state sync that writes this rank's state
         self._started: tuple[int, dict[str, Any]] = (-1, {})  # the Statefuls at an attempt's start
+        self._synced: Position | None = None  # where a regroup that broke off left this rank
+        self._ended = False  # the loop ended: no newcomer admitted any more
         self._regrouped_as: Regrouped | None = None
         self._announced: _joining.Announcement | None = None  # what the leader tells newcomers
         if self._grouped:
@@ -169,11 +192,13 @@ class InPlace:
 
         At each step boundary a newcomer the members agreed to admit joins (see ``_grow``).
         """
+        self._ended = False
         if self._store is not None:
             self._admissions = Admissions(
                 self._store, self._members, self._me, self._first, total, self._announce
             )
         try:
+            self._keep_first()
             while True:
                 while self._progress.applied < total:
                     before, recoveries = self._progress.applied, len(self._progress.history)
@@ -237,10 +262,10 @@ class InPlace:
         self._syncing = True  # it holds no state: never a source
         before = Members(new.epoch - 1, ())
         try:
-            recovery = self._rebuild(before, new, Position(0, True), started)
+            recovery = self._rebuild(before, new, NEWCOMER, started)
         except MemberLostError as error:  # another newcomer left out, a member lost: agree again
             self._gone |= error.ids
-            recovery = self._recover_from(before, Position(0, True))
+            recovery = self._recover_from(before, NEWCOMER)
         self._report(recovery)
         _joining.forget()
 
@@ -267,7 +292,14 @@ class InPlace:
         self._report(recovery)
 
     def _end_admissions(self) -> None:
-        """Admit no newcomer any more: the loop ended (the leader takes the notice back)."""
+        """Admit no newcomer any more: the loop ended (the leader takes the notice back).
+
+        Once: when an attempt raises, and again when the loop is collected (maybe at the
+        interpreter's exit, when no store request can start).
+        """
+        if self._ended:
+            return
+        self._ended = True
         if self._admissions is not None:
             self._admissions.stop()
             self._admissions = None
@@ -284,11 +316,24 @@ class InPlace:
         def counted(*args: Any, **kwargs: Any) -> Any:
             progress.stepping = True
             result = step(*args, **kwargs)
+            if self._shards and self._grouped:  # the step's shares in two places: then it counts
+                self._shards.keep(progress.applied + 1, self._watched.epoch)
             progress.stepping = False
             progress.applied += 1
             return result
 
         self._optimizer.step = counted
+
+    def _keep_first(self) -> None:
+        """Keep the sharded state's first copies (a newcomer's regroup kept them already)."""
+        key = (self._progress.applied, self._watched.epoch)
+        if not self._shards or not self._grouped or key in self._shards:
+            return
+        try:
+            self._shards.keep(*key)
+        except Exception as error:
+            if not self._recover(error):
+                raise
 
     def _ended_ids(self) -> set[int]:
         """Return the ids of the members seen to end.
@@ -345,7 +390,7 @@ class InPlace:
                 lost = is_collective(again) and self._lost_behind(again)  # not any error
                 if not isinstance(again, MemberLostError) and not lost:
                     raise
-                mine = Position(mine.applied, mine.torn or self._syncing)
+                mine = self._synced or Position(mine.applied, mine.torn or self._syncing)
         else:
             raise ShrinkRefusedError(f"ranks kept being lost during {ATTEMPTS} regroups in a row")
         return recovery
@@ -396,13 +441,7 @@ class InPlace:
             self._admissions.reset(new)
         regrouped = time.perf_counter()
         found = positions(mine)
-        source = choose_source(found)
-        self._syncing = done.rank != source  # a sync broken midway leaves this rank torn
-        step, at_start = self._started
-        unapplied = at_start if done.rank == source and progress.applied == step else None
-        sync(source, done.rank, self._model, self._optimizer, self._state, unapplied)
-        self._syncing = False
-        progress.applied = found[source].applied
+        source = self._take_state(found, done.rank)
         zero_grads(self._model)
         if isinstance(self._model, DistributedDataParallel):
             regroup_ddp(self._model, done)
@@ -419,7 +458,35 @@ class InPlace:
             sync_s=time.perf_counter() - regrouped,
         )
         self._regrouped_as = done
+        self._synced = None
         return recovery
+
+    def _take_state(self, found: list[Position], rank: int) -> int:
+        """Make this rank's state the group's (``found``: every rank's); return the source.
+
+        Replicated state comes from the source (:func:`sync`); sharded state from the copies,
+        at the latest step whose every share a survivor holds: its ``load_resharded`` after
+        the sync (a ZeRO optimizer's restores the parameters it owns), then copies anew.
+        """
+        progress, shards = self._progress, self._shards
+        shard_optimizer = "optimizer" in shards.names
+        usable = {p.applied for p in found if p.applied >= 0 and (shard_optimizer or not p.torn)}
+        key = shards.choose(usable) if shards else None
+        source = choose_source(found, at=None if key is None else key[0], torn=shard_optimizer)
+        self._syncing = rank != source  # a sync broken midway leaves this rank torn
+        started, at_start = self._started
+        unapplied = at_start if rank == source and progress.applied == started else None
+        replicated = {n: v for n, v in self._state.items() if n not in shards.names}
+        optimizer = None if shard_optimizer else self._optimizer
+        sync(source, rank, self._model, optimizer, replicated, unapplied)
+        if key is not None:
+            shards.load(key)
+        self._syncing = False
+        progress.applied = found[source].applied
+        self._synced = Position(progress.applied, False)  # whole here, if the copies break off
+        if shards:
+            shards.keep(progress.applied, self._watched.epoch)
+        return source
 
     def _lost_in(self, new: Members) -> Callable[[], set[int]]:
         """Return what a regroup's waits ask: the members of ``new`` seen to end.

@@ -23,6 +23,7 @@ from distcompat.peers._identity import (
     is_stopped,
     machine,
     same_machine,
+    seen_ended,
 )
 from distcompat.peers._links import Ended, Links, all_linked, linked, unproven_cap
 from distcompat.peers._lost import Lost, Watcher, farewells, gone_peers, lost_peers, stopped_peers
@@ -69,6 +70,7 @@ __all__ = [
     "read_clock",
     "rendezvous_store",
     "same_machine",
+    "seen_ended",
     "start",
     "stop",
     "stopped_peers",

@@ -32,6 +32,7 @@ __all__ = [
     "is_stopped",
     "machine",
     "same_machine",
+    "seen_ended",
 ]
 
 _SIOCGIFADDR = 0x8915
@@ -157,6 +158,18 @@ def same_machine(peer: Identity) -> bool:
 def is_alive(peer: Identity) -> bool:
     """Return True while ``peer``'s process (on this machine) runs and has not exited."""
     return not _dead(peer)
+
+
+def seen_ended(peer: Identity) -> bool:
+    """Return True when ``peer``'s process is on this machine and has ended.
+
+    False for a process on another machine: there this machine holds no evidence either way.
+
+    Example:
+        >>> seen_ended(Identity.here())
+        False
+    """
+    return same_machine(peer) and not is_alive(peer)
 
 
 def is_stopped(peer: Identity) -> bool:

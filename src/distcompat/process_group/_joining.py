@@ -34,7 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from distcompat.peers import Identity, is_alive, same_machine
+from distcompat.peers import Identity, seen_ended
 
 __all__ = [
     "ANSWER_S",
@@ -98,7 +98,7 @@ class Announcement:
         if not self.members:
             return False
         found = [Identity.from_json(member) for member in self.members]
-        return all(same_machine(member) and not is_alive(member) for member in found)
+        return all(seen_ended(member) for member in found)
 
 
 @dataclass(frozen=True, slots=True)
