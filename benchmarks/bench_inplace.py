@@ -16,6 +16,8 @@ Usage::
 * **per step**: the same job with no rank lost, with ``InPlace`` and without it (``--plain``,
   the same loop bare), alternated in one run: rank 0's loop time over ``--steps`` steps, and the
   ratio of the medians.
+* **recovery, sharded state**: the recovery job with ``--zero`` (the demo's ZeroAdamW under
+  ``shard_copies``, float mode): the survivors re-cut the shares from the copies.
 * **per step, sharded state**: the demo (its GPT, the sharded ZeroAdamW, 2 ranks) with
   ``--in-place`` (``shard_copies``: each rank's share sent to the next after every step) and
   without, alternated: the median step time, and the ratio.
@@ -41,13 +43,13 @@ def _value(text: str, rank: int, what: str) -> list[str]:
     return re.findall(rf"rank {rank}: {what} (\S+)", text)
 
 
-def recovery(world: int, runs: int) -> None:
+def recovery(world: int, runs: int, extra: tuple[str, ...] = ()) -> None:
     from _rank_processes import run_ranks
 
     killed = world - 1
     took, parts = [], []
     for _ in range(runs):
-        args = ("--steps", "8", "--kill", f"{killed}@{KILL_STEP}")
+        args = ("--steps", "8", "--kill", f"{killed}@{KILL_STEP}", *extra)
         ranks = run_ranks(SCRIPT, world, args=args, timeout=120)
         (kill,) = _value(ranks[killed].stdout, killed, "killed at")
         commits = re.findall(r"rank 0: committed (\d+) (\S+)", ranks[0].stdout)
@@ -60,7 +62,8 @@ def recovery(world: int, runs: int) -> None:
         parts.append(said.groups() if said else ("?", "?", "?", "?"))
     ms = sorted(t * 1e3 for t in took)
     print(
-        f"  {world} -> {world - 1} ranks: kill to the next committed step median "
+        f"  {world} -> {world - 1} ranks{' '.join(('', *extra))}: kill to the next committed "
+        f"step median "
         f"{statistics.median(ms):.0f} ms, worst {ms[-1]:.0f} ms (runs: "
         f"{', '.join(f'{t:.0f}' for t in ms)}); rank 0's regroup (total/agree/group/state ms): "
         f"{'; '.join('/'.join(p) for p in parts)}"
@@ -158,6 +161,9 @@ def main() -> None:
     per_step(2, args.runs, args.steps)  # 3 ranks on 2 cores: +-10 % between runs of one mode
     print("per step, sharded state:")
     sharded_per_step(args.runs, 100)
+    print("recovery, sharded state (ZeroAdamW, shard_copies):")
+    for world in args.worlds:
+        recovery(world, args.runs, ("--zero",))
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@ them. The ring's exchange over real ranks: tests/test_inplace.py (``--zero``).""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -138,3 +140,32 @@ def test_zero_adamw_refuses_states_of_another_parameter_count() -> None:
         state["shards"] = state["shards"][:1]
     with pytest.raises(OptimizerStateError, match=r"hold \[1\] parameters, this optimizer 2"):
         opt.load_resharded(states)
+
+
+@pytest.fixture
+def one_rank(tmp_path: Path) -> Any:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_going_back_drops_the_copies_of_the_steps_undone() -> None:
+    """One rank (a 1-rank gloo group): copies kept at steps 5 and 6; the group goes back to 5
+    (no survivor's other state stands at 6). The step-6 copies are of the run undone: gone,
+    and the optimizer is step 5's."""
+    model = torch.nn.Linear(3, 1)
+    opt = ZeroAdamW(model.parameters(), lr=0.1)
+    shards = Shards({"optimizer": opt})
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    shards.keep(5, 0)
+    at_five = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    shards.keep(6, 0)
+    assert shards.choose({5}) == (5, 0)
+    shards.load((5, 0))
+    assert sorted(shards.held()) == [(5, 0)]
+    assert opt.steps_done == 1
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in at_five.items())

@@ -181,7 +181,9 @@ class Shards:
         states = [_unpack(shares[r]) for r in range(world)]
         for name, value in self._objects.items():
             value.load_resharded([state[name] for state in states])
-        self._add(key, Generation(world, shares))  # whole here now: held until replaced
+        # whole here now, and the only one: the steps after it were undone (copies of them
+        # would mix the undone run with the one going on)
+        self._kept = {key: Generation(world, shares)}
 
 
 def _senders(found: list[Any], key: Key) -> dict[int, int]:

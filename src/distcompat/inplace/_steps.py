@@ -479,11 +479,13 @@ class InPlace:
         replicated = {n: v for n, v in self._state.items() if n not in shards.names}
         optimizer = None if shard_optimizer else self._optimizer
         sync(source, rank, self._model, optimizer, replicated, unapplied)
+        # the replicated state is the source's now: a retry counts this rank there (its sharded
+        # state comes from the copies whatever the step)
+        self._synced = Position(found[source].applied, False)
         if key is not None:
             shards.load(key)
         self._syncing = False
         progress.applied = found[source].applied
-        self._synced = Position(progress.applied, False)  # whole here, if the copies break off
         if shards:
             shards.keep(progress.applied, self._watched.epoch)
         return source
