@@ -266,8 +266,10 @@ def test_a_member_lost_while_a_newcomer_joins_leaves_the_newcomer_going_on(
     said yes to admitting the newcomer (its peers' next collective fails: they shrink, then
     admit the newcomer at the next epoch), or once the leader admitted it (at the regroup,
     rank 0 sees rank 1's end, and the newcomer, which watches no member yet, sees rank 0 go on
-    to the next agreement and agrees with it). Neither waits for the group timeout (120 s here);
-    both end with the uninterrupted run's digest at 2 ranks."""
+    to the next agreement and agrees with it; under load the kill, which a thread polling the
+    store makes, may come only after the grow came together: a shrink follows). Neither waits
+    for the group timeout (120 s here); both end with the uninterrupted run's digest at 2
+    ranks."""
     args = ("--steps", str(GROW_STEPS), "--kill", "2@2", "--pace", str(PACE_S),
             "--die-at-grow", f"1@{when}", "--timeout", "120")  # fmt: skip
     ranks = run_ranks(SCRIPT, 3, args=args, timeout=120, restart=(2,))
@@ -281,6 +283,10 @@ def test_a_member_lost_while_a_newcomer_joins_leaves_the_newcomer_going_on(
     epochs = [line.split()[:3] for line in _said(ranks[0], "recovery")]
     if when == "said":  # epoch 2: the shrink; epoch 3: the grow
         assert epochs == [["1", "2", "-"], ["2", "1", "-"], ["3", "-", "3"]]
-    else:  # epoch 2 (the grow) never came together; epoch 3: rank 1 lost, the newcomer in
+    elif len(epochs) == 2:  # epoch 2 (the grow) never came together; epoch 3: rank 1 lost,
+        # the newcomer in
         assert epochs == [["1", "2", "-"], ["3", "1", "3"]]
         assert [line.split()[:3] for line in _said(ranks[3], "recovery")] == [["3", "1", "-"]]
+    else:  # rank 1's kill thread (it polls the store) came after epoch 2 came together, as
+        # under load it may: the grow, then a shrink without rank 1
+        assert epochs == [["1", "2", "-"], ["2", "-", "3"], ["3", "1", "-"]]
