@@ -3,12 +3,10 @@ them. The ring's exchange over real ranks: tests/test_inplace.py (``--zero``).""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -140,13 +138,6 @@ def test_zero_adamw_refuses_states_of_another_parameter_count() -> None:
         state["shards"] = state["shards"][:1]
     with pytest.raises(OptimizerStateError, match=r"hold \[1\] parameters, this optimizer 2"):
         opt.load_resharded(states)
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Any:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_rank")

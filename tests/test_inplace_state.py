@@ -7,12 +7,10 @@ file store (they need one to exist).
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from distcompat.inplace import InPlace, InPlaceUnsupportedError
 
@@ -51,13 +49,6 @@ def test_a_reshardable_optimizer_or_state_is_taken_with_shard_copies() -> None:
     model = torch.nn.Linear(2, 1)
     InPlace(model, _Shard(), shard_copies=True)
     InPlace(model, torch.optim.SGD(model.parameters()), state={"zero": _Shard()}, shard_copies=True)
-
-
-@pytest.fixture
-def one_rank(tmp_path: Path) -> Any:
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 's'}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("one_rank")
