@@ -38,7 +38,7 @@ def test_a_share_held_nowhere_raises_state_lost() -> None:
 
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=8))
 def test_a_rank_keeps_the_last_two_generations(steps: list[int]) -> None:
-    shards = Shards({"optimizer": object()})
+    shards = Shards({"the optimizer": object()})
     for step in steps:
         shards._add((step, 0), Generation(1, {0: _pack({})}))
     assert sorted(shards.held()) == sorted({(s, 0) for s in steps})[-KEPT:]
@@ -94,8 +94,10 @@ def test_a_share_is_a_copy() -> None:
 def test_the_sharded_objects_are_those_that_can_be_re_cut() -> None:
     model = torch.nn.Linear(2, 1)
     zero = ZeroAdamW(model.parameters(), lr=0.1)
-    assert sharded(zero, {"plan": object()}) == {"optimizer": zero}
-    assert sharded(torch.optim.SGD(model.parameters()), {"zero": zero}) == {"zero": zero}
+    assert sharded(zero, {"plan": object()}) == {"the optimizer": zero}
+    assert sharded(torch.optim.SGD(model.parameters()), {"zero": zero}) == {"state['zero']": zero}
+    plain = torch.optim.SGD(model.parameters())  # a Stateful that the user named "optimizer"
+    assert sharded(plain, {"optimizer": zero}) == {"state['optimizer']": zero}
 
 
 def _halves(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,7 +149,7 @@ def test_going_back_drops_the_copies_of_the_steps_undone() -> None:
     and the optimizer is step 5's."""
     model = torch.nn.Linear(3, 1)
     opt = ZeroAdamW(model.parameters(), lr=0.1)
-    shards = Shards({"optimizer": opt})
+    shards = Shards({"the optimizer": opt})
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
     shards.keep(5, 0)

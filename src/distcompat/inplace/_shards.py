@@ -36,7 +36,7 @@ import torch.distributed as dist
 from distcompat.collectives import all_gather_object, irecv, isend
 from distcompat.inplace._errors import StateLostError
 
-__all__ = ["Generation", "Shards", "Share", "holders", "latest", "sharded"]
+__all__ = ["OPTIMIZER", "Generation", "Shards", "Share", "holders", "latest", "named", "sharded"]
 
 #: Generations a rank keeps: the copies may be half way to the next one when a rank is lost.
 KEPT = 2
@@ -47,18 +47,32 @@ ALIGN = 16
 Key = tuple[int, int]  # (step, epoch): one step's copies in the group of one epoch of members
 
 
+#: The name the optimizer goes by among the objects (a Stateful's is ``state['its key']``).
+OPTIMIZER = "the optimizer"
+
+
+def named(optimizer: Any, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Return ``optimizer`` and ``state``'s entries by the names InPlace says them by.
+
+    Example:
+        >>> list(named(None, {"plan": 1}))
+        ['the optimizer', "state['plan']"]
+    """
+    return {OPTIMIZER: optimizer, **{f"state[{key!r}]": value for key, value in state.items()}}
+
+
 def sharded(optimizer: Any, state: Mapping[str, Any]) -> dict[str, Any]:
     """Return the objects among ``optimizer`` and ``state`` whose state is split across ranks.
 
-    Those with ``load_resharded`` (:class:`~distcompat.checkpoint.Reshardable`), by name: the
-    optimizer as ``"optimizer"``.
+    Those with ``load_resharded`` (:class:`~distcompat.checkpoint.Reshardable`), by their
+    :func:`named` names.
 
     Example:
         >>> sharded(torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), {})
         {}
     """
-    named = {"optimizer": optimizer, **state}
-    return {n: v for n, v in named.items() if callable(getattr(v, "load_resharded", None))}
+    found = named(optimizer, state).items()
+    return {n: v for n, v in found if callable(getattr(v, "load_resharded", None))}
 
 
 @dataclass(slots=True)
@@ -108,10 +122,9 @@ class Shards:
     def __contains__(self, key: Key) -> bool:
         return key in self._kept
 
-    @property
-    def names(self) -> frozenset[str]:
-        """The names of the sharded objects (``"optimizer"`` for the optimizer)."""
-        return frozenset(self._objects)
+    def holds(self, value: object) -> bool:
+        """Whether ``value`` is one of the sharded objects (kept here, not sent from a rank)."""
+        return any(value is mine for mine in self._objects.values())
 
     def held(self) -> dict[Key, tuple[int, tuple[int, ...]]]:
         """Return, per generation kept here, its world size and the ranks whose share is here."""

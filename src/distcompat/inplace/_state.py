@@ -25,6 +25,7 @@ import torch
 
 from distcompat.collectives import all_gather_object, broadcast, broadcast_object_list
 from distcompat.inplace._errors import InPlaceUnsupportedError, StateLostError
+from distcompat.inplace._shards import named, sharded
 
 __all__ = ["Position", "choose_source", "positions", "refuse_sharded", "sync", "zero_grads"]
 
@@ -61,9 +62,8 @@ def refuse_sharded(
                 "Reshardable if you like). Without InPlace the job restarts from its last "
                 "checkpoint"
             )
-    named = {"the optimizer": optimizer, **{f"state[{key!r}]": v for key, v in state.items()}}
-    for name, value in named.items():
-        if not copies and callable(getattr(value, "load_resharded", None)):
+    for name, value in sharded(optimizer, state).items():
+        if not copies:
             raise InPlaceUnsupportedError(
                 f"{name} ({type(value).__name__}) holds a share that differs from rank to rank "
                 "(a sharded optimizer: ZeRO), and a lost rank takes its share with it. Pass "
@@ -72,6 +72,7 @@ def refuse_sharded(
                 "with ZeroAdamW, docs/resilience.md); else the job restarts from its last "
                 "checkpoint"
             )
+    for name, value in named(optimizer, state).items():
         if _is_a(value, "ZeroRedundancyOptimizer"):
             raise InPlaceUnsupportedError(
                 f"{name} ({type(value).__name__}) holds a share that differs from rank to rank, "

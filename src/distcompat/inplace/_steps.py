@@ -469,14 +469,14 @@ class InPlace:
         the sync (a ZeRO optimizer's restores the parameters it owns), then copies anew.
         """
         progress, shards = self._progress, self._shards
-        shard_optimizer = "optimizer" in shards.names
+        shard_optimizer = shards.holds(self._optimizer)
         usable = {p.applied for p in found if p.applied >= 0 and (shard_optimizer or not p.torn)}
         key = shards.choose(usable) if shards else None
         source = choose_source(found, at=None if key is None else key[0], torn=shard_optimizer)
         self._syncing = rank != source  # a sync broken midway leaves this rank torn
         started, at_start = self._started
         unapplied = at_start if rank == source and progress.applied == started else None
-        replicated = {n: v for n, v in self._state.items() if n not in shards.names}
+        replicated = {n: v for n, v in self._state.items() if not shards.holds(v)}
         optimizer = None if shard_optimizer else self._optimizer
         sync(source, rank, self._model, optimizer, replicated, unapplied)
         # the replicated state is the source's now: a retry counts this rank there (its sharded
