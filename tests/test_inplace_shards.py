@@ -162,3 +162,16 @@ def test_going_back_drops_the_copies_of_the_steps_undone() -> None:
     assert sorted(shards.held()) == [(5, 0)]
     assert opt.steps_done == 1
     assert all(torch.equal(model.state_dict()[k], v) for k, v in at_five.items())
+
+
+def test_a_share_unpacks_without_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch installs without numpy (a bare ``pip install torch``): simulated by making
+    ``Tensor.numpy`` raise as torch does there."""
+
+    def no_numpy(self: torch.Tensor) -> Any:
+        raise RuntimeError("Numpy is not available")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    back = _unpack(_pack({"master": torch.arange(3.0), "steps": 2}))
+    assert back["steps"] == 2
+    assert torch.equal(back["master"], torch.arange(3.0))

@@ -317,4 +317,4 @@ def _unpack(share: Share) -> Any:
             return type(value)(fill(item) for item in value)
         return value
 
-    return fill(pickle.loads(share.skeleton.numpy().tobytes()))
+    return fill(pickle.loads(bytes(share.skeleton.tolist())))  # no numpy: torch may lack it
