@@ -27,8 +27,14 @@ def _mlp() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 8))
 
 
-def ddp(rank: int, stall: bool, kill: bool) -> None:
-    """Six DDP steps; rank 1 stalls 7 s before step 3 (``stall``) or is SIGKILLed there."""
+def ddp(rank: int, stall: bool, kill: bool, fork: bool = False) -> None:
+    """Six DDP steps; rank 1 stalls 7 s before step 3 (``stall``) or is SIGKILLed there.
+
+    ``fork``: rank 1 first forks a child that sleeps 30 s holding its sockets (a DataLoader
+    worker's case: gloo sees no closed socket); rank 0 then says whether it still lived when
+    rank 0's error came.
+    """
+    child = _forked_child(rank) if fork else 0
     model = DistributedDataParallel(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(6):
@@ -39,15 +45,65 @@ def ddp(rank: int, stall: bool, kill: bool) -> None:
         x = torch.full((4, 8), float(rank + step))
         try:
             model(x).square().mean().backward()
-        except Exception as exc:  # the typed error, out of backward()
+            opt.step()  # the typed error lands right after backward(), maybe a few lines on
+            opt.zero_grad()
+        except Exception as exc:
             print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+            if child:
+                print(f"rank {rank}: child alive then {_alive(child)}", flush=True)
+                os.kill(child, signal.SIGKILL)
             raise
-        opt.step()
-        opt.zero_grad()
     weights = torch.cat([p.detach().view(-1) for p in model.parameters()])
     print(f"rank {rank}: ddp done {weights.sum().item()!r}", flush=True)
     engine = shm._groups.get(tdist.group.WORLD)  # the ops the shared-memory path ran
     print(f"rank {rank}: shm calls {getattr(engine, 'calls', 0)}", flush=True)
+
+
+def _forked_child(rank: int) -> int:
+    """Rank 1 forks a child that sleeps 30 s; every rank returns its pid.
+
+    The child, as a DataLoader worker would, keeps rank 1's end of gloo's connections open for
+    as long as it lives: gloo sees no closed socket when rank 1 dies.
+    """
+    child = torch.zeros(1)
+    if rank == 1:
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        child += pid
+    tdist.broadcast(child, src=1)
+    return int(child.item())
+
+
+def forked_kill(rank: int) -> None:
+    """Rank 1 forks a child (:func:`_forked_child`) and is SIGKILLed; rank 0 all-reduces.
+
+    Rank 0 prints what it raised, and whether the child was still alive then.
+    """
+    child = _forked_child(rank)
+    total = torch.ones(256)
+    for _ in range(8):  # past the mismatch check's look at a new call: the backend's own wait
+        tdist.all_reduce(total)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        tdist.all_reduce(total)
+    except Exception as exc:
+        alive = _alive(child)
+        print(f"rank {rank}: raised {type(exc).__name__}: {exc}", flush=True)
+        print(f"rank {rank}: child alive then {alive}", flush=True)
+        os.kill(child, signal.SIGKILL)
+        os._exit(1)
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
 
 
 def adopted_late(rank: int) -> None:
@@ -213,8 +269,11 @@ def main() -> None:
         return
     dist.init_process_group(backend="gloo")  # the user's own init line, through distcompat
     rank = dist.get_rank()
-    if scenario in ("ddp-stall", "ddp-kill"):
-        ddp(rank, stall=scenario == "ddp-stall", kill=scenario == "ddp-kill")
+    if scenario in ("ddp-stall", "ddp-kill", "ddp-fork-kill"):
+        ddp(rank, stall=scenario == "ddp-stall", kill=scenario != "ddp-stall",
+            fork=scenario == "ddp-fork-kill")  # fmt: skip
+    elif scenario == "fork-kill":
+        forked_kill(rank)
     elif scenario == "raw":
         raw(rank, sys.argv[2])
     elif scenario == "load":

@@ -88,6 +88,37 @@ def test_a_killed_ddp_peer_is_named_as_lost_not_a_crash(shm: str) -> None:
 
 
 @pytest.mark.slow
+def test_a_killed_ddp_peer_whose_child_holds_its_sockets_ends_backward_while_it_lives() -> None:
+    """As above, rank 1 having forked a child first (a DataLoader worker: it holds rank 1's gloo
+    sockets, so gloo's op waits on): DDP's reducer waits for its bucket in C++, where no slice
+    looks for lost peers; the peer watch's record of the loss ends that wait, and rank 0's
+    ``backward()`` raises PeerLostError naming rank 1 while the child lives. Shared memory is
+    off: its barrier names a dead peer itself."""
+    env = {"DISTCOMPAT_SHM": "off"}
+    ranks = run_ranks(SCRIPT, 2, args=("ddp-fork-kill",), env=env, timeout=90)
+    assert ranks[1].returncode == -9
+    said = ranks[0].stdout + ranks[0].stderr
+    assert re.search(r"PeerLostError: all_reduce: a peer process went away \(rank 1\)", said)
+    assert _said(ranks, 0, "child alive then") == "True", said[-3000:]
+
+
+@pytest.mark.slow
+def test_a_killed_peer_whose_child_holds_its_sockets_is_named_while_the_child_lives() -> None:
+    """rank 1 forks a child (a DataLoader worker's case: it holds rank 1's gloo sockets, so gloo
+    waits on) and is SIGKILLed; rank 0's ``torch.distributed.all_reduce`` (the group's async op
+    and its wait) raises PeerLostError naming rank 1 while the child still lives: the wait looks
+    for lost peers between slices, as a synchronous call's does. Shared memory is off, since
+    its own barrier names a dead peer itself: the backend's wait is the one tested."""
+    ranks = run_ranks(SCRIPT, 2, args=("fork-kill",), env={"DISTCOMPAT_SHM": "off"}, timeout=90)
+    assert ranks[1].returncode == -9
+    assert ranks[0].returncode == 1, ranks[0].stderr[-3000:]
+    raised = _said(ranks, 0, "raised")
+    assert re.match(r"PeerLostError: all_reduce: .*\(rank 1\)", raised), raised
+    assert "in the backend wait" in raised, raised  # not the mismatch check's own look
+    assert _said(ranks, 0, "child alive then") == "True"
+
+
+@pytest.mark.slow
 def test_raw_calls_are_checked_compiled_and_checkpointed(tmp_path: Path) -> None:
     """Raw torch on 2 ranks: a mismatched all_reduce raises CollectiveMismatchError on both; a
     compiled functional all_reduce is one graph (fullgraph) with the right sum; a DCP save made

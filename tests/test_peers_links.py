@@ -14,7 +14,9 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
 import socket
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -198,6 +200,31 @@ def test_a_link_whose_peer_says_nothing_ends_with_nothing_said(pair: tuple[Links
     assert accepted is not None
     low.links.pop(dialled).sock.close()  # as a SIGKILL does: no bye, the kernel closes it
     assert _ended(high, accepted) == Ended(0, "")
+
+
+def test_a_link_ends_when_its_rank_does_though_a_child_it_forked_lives(
+    pair: tuple[Links, Links],
+) -> None:
+    """A child forked after the link exists (a DataLoader worker) closes its copy of the socket:
+    the rank's end still ends the link while the child sleeps on."""
+    low, high = pair
+    with ThreadPoolExecutor(1) as pool:
+        served = pool.submit(_serve_one, high)
+        dialled = low.dial(1, _identity(os.getpid(), high.port))
+        accepted = served.result()
+    assert dialled is not None
+    assert accepted is not None
+    child = os.fork()
+    if child == 0:  # the worker: holds whatever it inherited, for 30 s
+        time.sleep(30)
+        os._exit(0)
+    try:
+        low.links.pop(dialled).sock.close()  # the rank's end, as a SIGKILL closes it
+        assert _ended(high, accepted) == Ended(0, "")
+        assert os.waitpid(child, os.WNOHANG) == (0, 0)  # the child still lives
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
 
 
 def test_a_link_meant_for_another_process_is_refused_on_both_sides(

@@ -16,7 +16,9 @@ sends it through the same collectives::
 The flag is per thread: DDP's reducer may call the group from an autograd thread while the main
 thread is inside a collective of its own. An entry also runs with autograd off, as torch's own
 collectives do: DDP with ``create_graph=True`` hands over gradients that require grad, and a
-reduction's ``out=`` arithmetic on them would raise.
+reduction's ``out=`` arithmetic on them would raise. And an entry first raises the error a
+failed op owes this thread (``_handover.raise_owed``: DDP's bucket that failed inside
+``loss.backward()``), so no collective starts with it still on its way.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 from distcompat import _torch
+from distcompat.collectives._handover import OWED, raise_owed
 
 __all__ = ["entry", "inside"]
 
@@ -63,6 +66,8 @@ def entry(function: Callable[P, R]) -> Callable[P, R]:
     def entered(*args: P.args, **kwargs: P.kwargs) -> R:
         local = _local
         depth = local.depth
+        if OWED and not depth:  # an error owed to this thread (rare): one dict's truth test
+            raise_owed()
         local.depth = depth + 1
         grad = _torch.is_grad_enabled()
         if grad:  # a collective moves bytes: autograd records none of it, as in torch's

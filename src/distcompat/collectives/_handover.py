@@ -10,11 +10,17 @@ once that call has returned::
     caller = Caller(threading.get_ident(), sys._getframe(2))   # the frame C++ was entered from
     future = shielded(handle.get_future(), outputs, caller)
 
-The error is raised with ``PyThreadState_SetAsyncExc`` once a watcher thread sees that the
-frame the C++ call was made from has returned (``_engine_run_backward`` for DDP): Python that
-C++ runs meanwhile (callbacks, torch extracting a future's tensors) is left alone, since C++
-would turn the error into a RuntimeError with its text or drop it. It lands within a few
-bytecodes of ``loss.backward()`` returning, in the thread that called it.
+The error is owed to the caller's thread until it is raised there, once: by a watcher thread
+with ``PyThreadState_SetAsyncExc`` as soon as it sees that the frame the C++ call was made from
+has returned (``_engine_run_backward`` for DDP), or by the thread's next distcompat collective
+(:func:`raise_owed`, which every entry calls), whichever comes first. Python that C++ runs
+meanwhile (callbacks, torch extracting a future's tensors, the reducer's next buckets) is left
+alone, since C++ would turn the error into a RuntimeError with its text or drop it. It usually
+lands within a few bytecodes of ``loss.backward()`` returning; on a loaded machine the watcher
+may come later, after the optimizer step, but never after the thread's next collective: an
+error delivered by the watcher while that collective already waited in native code would wait
+with it (a dead peer's sockets held open by a child it forked, a DataLoader worker, kept gloo
+waiting 4 s past the kill here).
 """
 
 from __future__ import annotations
@@ -29,7 +35,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["Caller", "shielded"]
+from distcompat.collectives._errors import PeerLostError
+from distcompat.peers import Lost, farewells, gone_peers
+from distcompat.peers._lost import listeners
+
+__all__ = ["OWED", "Caller", "raise_owed", "shielded"]
 
 #: How long the watcher follows a caller still inside its C++ call before raising anyway (s).
 _FOLLOW_S = 600.0
@@ -71,22 +81,133 @@ def _raise_in(thread: int, error: BaseException) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(pending))
 
 
-def _raise_when_back(caller: Caller, error: BaseException) -> None:
-    """Wait (on this thread) until ``caller`` is past its C++ call, then raise ``error`` there."""
+@dataclass(frozen=True, slots=True, eq=False)
+class _Owed:
+    """An error owed to the thread of ``caller``: raised there once, by whoever claims it."""
+
+    caller: Caller
+    error: BaseException
+
+
+#: thread ident -> the error owed to it (one at a time: a later failure of the same C++ call,
+#: another bucket's, adds nothing). Read without the lock by :func:`raise_owed`'s callers.
+OWED: dict[int, _Owed] = {}
+_claims = threading.Lock()
+
+
+def _claim(owed: _Owed) -> bool:
+    """Take ``owed`` off :data:`OWED` if it is still there: True for exactly one claimant."""
+    with _claims:
+        if OWED.get(owed.caller.thread) is not owed:
+            return False
+        del OWED[owed.caller.thread]
+        return True
+
+
+def _owe(caller: Caller, error: BaseException) -> None:
+    """Owe ``error`` to ``caller``'s thread, unless an error is owed there already."""
+    owed = _Owed(caller, error)
+    with _claims:
+        if caller.thread in OWED:
+            return
+        OWED[caller.thread] = owed
+    _watch(owed)
+
+
+def _watch(owed: _Owed) -> None:
+    """Start the thread that raises ``owed`` once its caller is back from C++."""
+    threading.Thread(target=_raise_when_back, args=(owed,), daemon=True).start()
+
+
+def _raise_when_back(owed: _Owed) -> None:
+    """Wait (on this thread) until the caller is past its C++ call, then raise the error there."""
+    caller = owed.caller
     deadline = time.monotonic() + _FOLLOW_S
     while caller.inside_call() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-    if caller.thread in sys._current_frames():
-        _raise_in(caller.thread, error)
+    if _claim(owed) and caller.thread in sys._current_frames():  # an ended thread owes nothing
+        _raise_in(caller.thread, owed.error)
+
+
+def raise_owed() -> None:
+    """Raise here the error owed to this thread, once its C++ call has returned.
+
+    Called at each collective's entry while :data:`OWED` holds anything, so a thread never
+    starts a collective with a failed one's error still on its way.
+
+    Example:
+        >>> raise_owed()   # nothing owed to this thread: returns
+    """
+    owed = OWED.get(threading.get_ident())
+    if owed is None or owed.caller.inside_call() or not _claim(owed):
+        return
+    raise owed.error
+
+
+@dataclass(eq=False, slots=True)
+class _Shield:
+    """A C++ caller's future over an op in flight: ended once, by the op or by a lost peer."""
+
+    out: torch.futures.Future[Any]
+    outputs: Any
+    caller: Caller
+    group: Any
+    op: str
+    ended: bool = False
+
+    def end(self, value: Any, error: BaseException | None) -> None:
+        """Complete :attr:`out` with ``value``, owing ``error`` to the caller; once only."""
+        with _claims:
+            if self.ended:
+                return
+            self.ended = True
+            _shields.pop(id(self), None)
+        if error is not None:
+            _owe(self.caller, error)
+        self.out.set_result(value)
+
+
+#: The shields whose op is in flight, by id: a loss the peer watch records ends those of the
+#: lost rank's groups (:func:`_peer_lost`), since no slice of a wait in C++ looks for one.
+_shields: dict[int, _Shield] = {}
+_listening = False
+
+
+def _peer_lost(lost: Lost) -> None:
+    """End each in-flight shield of a group ``lost.rank`` belonged to (the watch's thread).
+
+    The backend's op may wait on for seconds more: gloo waits for the peer's sockets to close,
+    and a child the peer forked (a DataLoader worker) holds them open.
+    """
+    for shield in list(_shields.values()):
+        gone = gone_peers(shield.group)
+        if lost.rank not in gone:
+            continue
+        error = PeerLostError(
+            f"{shield.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
+            f"{', '.join(map(str, gone))}) while a caller in C++ (DDP's reducer) waited for "
+            f"it{farewells(gone)}",
+            op=shield.op,
+            peer=gone[0],
+            peers=gone,
+        )
+        shield.end(shield.outputs, error)
 
 
 def shielded(
-    future: torch.futures.Future[Any], outputs: Any, caller: Caller
+    future: torch.futures.Future[Any],
+    outputs: Any,
+    caller: Caller,
+    *,
+    group: Any = None,
+    op: str = "collective",
 ) -> torch.futures.Future[Any]:
     """Return a future with ``future``'s value that never fails; an error goes to ``caller``.
 
     An op that already failed is handled the same way: raised here, inside the C++ call, its
-    type would be lost (C++ passes it on as a RuntimeError with its text).
+    type would be lost (C++ passes it on as a RuntimeError with its text). A peer of ``group``
+    (None: the default group) that the peer watch sees end fails it the same way at once,
+    without waiting for the backend's own error (``op`` names it).
 
     Example:
         >>> done = torch.futures.Future()
@@ -94,15 +215,20 @@ def shielded(
         >>> shielded(done, None, Caller(threading.get_ident(), sys._getframe())).value()
         [tensor([1.])]
     """
-    out: torch.futures.Future[Any] = torch.futures.Future()
+    global _listening
+    shield = _Shield(torch.futures.Future(), outputs, caller, group, op)
+    if not _listening:
+        listeners.append(_peer_lost)
+        _listening = True
+    _shields[id(shield)] = shield
 
     def settle(done: torch.futures.Future[Any]) -> None:
         try:
             value = done.value()
         except BaseException as exc:
-            threading.Thread(target=_raise_when_back, args=(caller, exc), daemon=True).start()
-            value = outputs  # the caller finishes its C++ call, then meets the error
-        out.set_result(value)
+            shield.end(outputs, exc)  # the caller finishes its C++ call, then meets the error
+        else:
+            shield.end(value, None)
 
     future.add_done_callback(settle)
-    return out
+    return shield.out

@@ -102,7 +102,10 @@ class GroupWork(dist.Work):
     def get_future(self) -> torch.futures.Future[Any]:
         """Return the op's future: its value is the op's output tensors."""
         future = self.handle.get_future()
-        return future if self.caller is None else shielded(future, self.outputs, self.caller)
+        if self.caller is None:
+            return future
+        handle = self.handle
+        return shielded(future, self.outputs, self.caller, group=handle.group, op=handle.op)
 
     def is_completed(self) -> bool:
         """Return whether the op finished (successfully or not); never blocks."""
@@ -147,7 +150,10 @@ def _handed(handle: CompatWork | None, outputs: Any) -> Any:
     while outer is not None and outer.f_code.co_filename == _LOGGER:  # torch's logging wrapper
         outer = outer.f_back
     if outer is not None and outer.f_code.co_filename in _HANDS_TO_CPP:
-        future = shielded(handle.get_future(), outputs, Caller(threading.get_ident(), caller))
+        caller_here = Caller(threading.get_ident(), caller)
+        future = shielded(
+            handle.get_future(), outputs, caller_here, group=handle.group, op=handle.op
+        )
         return _torch.create_work_from_future(future)
     return GroupWork(handle, outputs)
 

@@ -110,11 +110,20 @@ class CompatWork:
         (True, True, [tensor([1., 1.])])
     """
 
-    __slots__ = ("_done", "_future", "_lock", "_work", "strategy")
+    __slots__ = ("_done", "_future", "_lock", "_work", "group", "op", "strategy")
 
-    def __init__(self, future: torch.futures.Future[Any], strategy: Strategy, work: Any) -> None:
+    def __init__(
+        self,
+        future: torch.futures.Future[Any],
+        strategy: Strategy,
+        work: Any,
+        group: Any = None,
+        op: str = "collective",
+    ) -> None:
         self._future = future
         self._work = work  # kept alive until completion; never waited on from here twice
+        self.group = group  # whose lost peers end a wait (None: the default group's)
+        self.op = op
         self._done = threading.Event()
         self._lock = threading.Lock()
         self.strategy: Strategy = strategy
@@ -137,14 +146,14 @@ class CompatWork:
             native = work.get_future()
         except RuntimeError:  # "Work::getFuture not implemented" (gloo reduce_scatter*, p2p)
             _worker_for(group).submit((work, future, result, finish, op, group))
-            return cls(future, "worker", work)
+            return cls(future, "worker", work, group, op)
 
         def complete(done: torch.futures.Future[Any]) -> None:
             # done.wait() raises the op's error; a callback that skipped it would lose it
             _settle(done.wait, finish, future, result, op, group)
 
         native.add_done_callback(complete)
-        return cls(future, "native", work)
+        return cls(future, "native", work, group, op)
 
     def wait(self, timeout: timedelta | float | None = None) -> bool:
         """Block until done (and post-processed); raise the op's error. Safe to call repeatedly.
@@ -155,7 +164,7 @@ class CompatWork:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         watcher = _checked.watch  # distcompat.diagnostics' watchdog bounds an unbounded wait
         if seconds is None and watcher is not None and not self._done.is_set():
-            watcher.wait_event(self._done, self)
+            watcher.wait_event(self._done, self, self.group)
         elif not self._done.wait(seconds):
             raise TimeoutError(
                 f"collective not complete after {seconds}s (strategy {self.strategy!r}); it keeps "
@@ -213,7 +222,10 @@ def joined(handles: list[CompatWork], finish: Finish | None, result: Any) -> Com
 
     torch.futures.collect_all([h.get_future() for h in handles]).add_done_callback(complete)
     strategy = "native" if all(h.strategy == "native" for h in handles) else handles[0].strategy
-    return CompatWork(future, strategy, handles)
+    first = handles[0] if handles else None
+    return CompatWork(
+        future, strategy, handles, getattr(first, "group", None), getattr(first, "op", "collective")
+    )
 
 
 def holds_inference(result: Any) -> bool:

@@ -232,4 +232,5 @@ def gather_for_metrics(
         return arranged()
 
     future = torch.futures.collect_all([h.get_future() for h in handles]).then(settle)
-    return CompatWork(future, handles[0].strategy, handles)
+    first = handles[0]
+    return CompatWork(future, first.strategy, handles, first.group, first.op)

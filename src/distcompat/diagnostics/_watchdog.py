@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -189,7 +190,7 @@ class Watchdog:
             wait = waits.Wait(op=op, phase="backend wait", group=group)
             waits.until(waits.work_ready(work), wait)
             return
-        self._bounded(work, key, raw, op, group, answer_first=False)
+        self._bounded(waits.work_ready(work), key, raw, op, group, answer_first=False)
 
     def wait_late(self, work: Any, raw: Raw, op: str, group: Any) -> None:
         """Go on waiting for a fast-path call whose first wait (:attr:`first_wait`) raised.
@@ -207,12 +208,18 @@ class Watchdog:
                 raise
             return
         raw = self._recorder.late(key, raw)
-        self._bounded(work, key, raw, op, group, answer_first=True)
+        self._bounded(waits.work_ready(work), key, raw, op, group, answer_first=True)
 
     def _bounded(
-        self, work: Any, key: int, raw: Raw, op: str, group: Any, answer_first: bool
+        self,
+        ready: Callable[[float], bool],
+        key: int,
+        raw: Raw,
+        op: str,
+        group: Any,
+        answer_first: bool,
     ) -> None:
-        """Wait for ``work`` as :func:`~distcompat.collectives._wait.until` does every wait.
+        """Wait until ``ready`` as :func:`~distcompat.collectives._wait.until` does every wait.
 
         The wait answers peers between slices while the mismatch check listens; :meth:`watch`
         declares the hang once the call is ``timeout`` old; the backend's timeout ends it.
@@ -222,7 +229,7 @@ class Watchdog:
         try:
             if answer_first:
                 between()
-            waits.until(waits.work_ready(work), wait, between=between)
+            waits.until(ready, wait, between=between)
         except CollectiveMismatchError:
             self._recorder.abandon(key)
             raise
@@ -316,17 +323,21 @@ class Watchdog:
             return
         handle.get_future().add_done_callback(lambda _: self._recorder.finished(key))
 
-    def wait_event(self, done: threading.Event, handle: Any) -> None:
-        """``CompatWork.wait()`` without a timeout: bounded by the watchdog timeout."""
+    def wait_event(self, done: threading.Event, handle: Any, group: Any = None) -> None:
+        """``CompatWork.wait()`` without a timeout: the bounded wait of a synchronous call.
+
+        A watched handle's wait goes in slices like every other (:meth:`wait_late`): a peer
+        of ``group`` on this machine whose process ended raises :class:`PeerLostError` within
+        a slice, even while the backend's op still waits on it (gloo waits for its sockets to
+        close, which a child the peer forked keeps open: a DataLoader worker, for seconds);
+        the call's age past the timeout is a hang. The op keeps running in the backend.
+        """
         entry = self._recorder.open.get(id(handle))
         if entry is None:
             done.wait()
             return
-        raw, started = entry
-        if not done.wait(max(0.0, self.config.timeout - (time.monotonic() - started))):
-            record = to_record(raw)
-            self._hung(record.describe(), started, record.op)
-            done.wait()
+        raw = entry[0]
+        self._bounded(done.wait, id(handle), raw, to_record(raw).op, group, answer_first=False)
         error = declared_failure(handle.exception())
         if error is not None:
             note_failure(f"{to_record(raw).op}: {type(error).__name__}")

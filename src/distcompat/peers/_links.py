@@ -37,6 +37,12 @@ each other around the ring, so at most ``2 * REACH`` links a process; every pair
 REACH + 1`` ranks (:func:`all_linked`), beyond which losses are relayed (``_relay``). Out
 of scope: a host that vanishes without closing its sockets (power off, a cut cable) sends
 nothing (gloo's timeout and the watchdog cover it). IPv4 only.
+
+A process forked from a rank (a DataLoader worker, forked after the group exists) inherits its
+sockets: its copies would hold the rank's links open after the rank ends, until the child ends
+too (DataLoader workers look for their parent every 5 s). So a child closes its copies at once
+(:func:`_forsake_in_child`, run by ``os.register_at_fork``): file descriptors only, no
+``shutdown`` and no bye, so the rank's own links are untouched.
 """
 
 from __future__ import annotations
@@ -45,9 +51,11 @@ import contextlib
 import errno
 import hmac
 import logging
+import os
 import select
 import socket
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from distcompat._scarcity import ran_out
@@ -136,6 +144,17 @@ class _Link:
     claim: tuple[int, int, str, str] | None = None  # greeted: (rank, pid, its nonce, ours)
 
 
+#: Every open :class:`Links` of this process, whose sockets a forked child closes.
+_open: weakref.WeakSet[Links] = weakref.WeakSet()
+_fork_hooked = False
+
+
+def _forsake_in_child() -> None:
+    """In a child just forked: close its copies of every link's socket (module docstring)."""
+    for links in list(_open):
+        links.forsake()
+
+
 class Links:
     """The link listener of this process and its links, by file descriptor, for one ``poll``.
 
@@ -163,6 +182,11 @@ class Links:
         self.resting_until: float | None = None  # out of the poll until then (no fd left)
         self.warned = -_WARN_EVERY_S  # when the rest was last logged (time.monotonic())
         self.refused = 0  # connections closed unproven (a deadline, the cap, a wrong greeting)
+        global _fork_hooked
+        _open.add(self)
+        if not _fork_hooked:
+            os.register_at_fork(after_in_child=_forsake_in_child)
+            _fork_hooked = True
 
     def attach(self, poller: select.poll) -> None:
         """Put the listener, and every link from now on, in ``poller`` (the watch's)."""
@@ -357,3 +381,15 @@ class Links:
             link.sock.close()
         self.links.clear()
         self.listener.close()
+        _open.discard(self)
+
+    def forsake(self) -> None:
+        """Close this process's copies of the sockets, saying nothing: a forked child's part.
+
+        A socket's connection ends when its last copy closes: the rank's copies hold it.
+        """
+        for link in self.links.values():
+            link.sock.close()
+        self.links.clear()
+        self.listener.close()
+        _open.discard(self)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,6 +37,7 @@ __all__ = [
     "farewells",
     "forget",
     "gone_peers",
+    "listeners",
     "lost_peers",
     "stopped_peers",
     "watcher",
@@ -83,6 +85,9 @@ class Watcher(Protocol):
 
 #: The running watch, installed by ``_watch.start``; None: ``/proc`` is read instead.
 watcher: Watcher | None = None
+#: Called with each loss the watch records, on its thread, after its line: what waits where no
+#: slice looks for lost peers (a C++ caller's future, ``collectives._handover``) ends there.
+listeners: list[Callable[[Lost], None]] = []
 
 
 def farewells(ranks: tuple[int, ...]) -> str:

@@ -202,6 +202,11 @@ class _Watch:
             with self.told:
                 self.telling.discard(rank)
                 self.told.notify_all()
+        for listener in list(_lost.listeners):  # once told: a listener may ask for the loss
+            try:
+                listener(found)
+            except Exception:  # a listener's fault must not end the watch
+                _log.exception("distcompat: a peer-loss listener failed")
 
     def lost(self) -> dict[int, Lost]:
         """Return the peers seen to end (global rank -> :class:`Lost`)."""
