@@ -36,8 +36,7 @@ from typing import Any
 import torch
 
 from distcompat.collectives._errors import PeerLostError
-from distcompat.peers import Lost, farewells, gone_peers
-from distcompat.peers._lost import listeners
+from distcompat.peers import Lost, farewells, gone_peers, listeners
 
 __all__ = ["OWED", "Caller", "raise_owed", "shielded"]
 
@@ -185,8 +184,8 @@ def _peer_lost(lost: Lost) -> None:
             continue
         error = PeerLostError(
             f"{shield.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-            f"{', '.join(map(str, gone))}) while a caller in C++ (DDP's reducer) waited for "
-            f"it{farewells(gone)}",
+            f"{', '.join(map(str, gone))}) while a caller in C++ (DDP's reducer, a functional "
+            f"collective) waited for it{farewells(gone)}",
             op=shield.op,
             peer=gone[0],
             peers=gone,

@@ -327,10 +327,11 @@ class Watchdog:
         """``CompatWork.wait()`` without a timeout: the bounded wait of a synchronous call.
 
         A watched handle's wait goes in slices like every other (:meth:`wait_late`): a peer
-        of ``group`` on this machine whose process ended raises :class:`PeerLostError` within
-        a slice, even while the backend's op still waits on it (gloo waits for its sockets to
-        close, which a child the peer forked keeps open: a DataLoader worker, for seconds);
-        the call's age past the timeout is a hang. The op keeps running in the backend.
+        of ``group`` that ended (the peer watch saw it, or ``/proc`` says so) raises
+        :class:`PeerLostError` within a slice, even while the backend's op still waits on it
+        (gloo waits for its sockets to close, which a child the peer forked keeps open: a
+        DataLoader worker, for seconds); the call's age past the timeout is a hang. The op
+        keeps running in the backend.
         """
         entry = self._recorder.open.get(id(handle))
         if entry is None:

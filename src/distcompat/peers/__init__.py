@@ -6,6 +6,7 @@ went away when a call fails::
     start(rank, world, links=True)          # pidfds here, proven TCP links to other machines
     gone_peers(group)                       # global ranks of ``group`` seen to end: (1,)
     farewells((1,))                         # "; rank 1 exited after ValueError: ... at a.py:3"
+    listeners.append(on_loss)               # called with each Lost the watch records
 
 Modules: ``_identity`` (a process's identity, liveness from ``/proc``), ``_registry``
 (identities and farewells through the rendezvous store), ``_lost`` (naming the lost or stopped
@@ -26,7 +27,15 @@ from distcompat.peers._identity import (
     seen_ended,
 )
 from distcompat.peers._links import Ended, Links, all_linked, linked, unproven_cap
-from distcompat.peers._lost import Lost, Watcher, farewells, gone_peers, lost_peers, stopped_peers
+from distcompat.peers._lost import (
+    Lost,
+    Watcher,
+    farewells,
+    gone_peers,
+    listeners,
+    lost_peers,
+    stopped_peers,
+)
 from distcompat.peers._lost import forget as forget_group
 from distcompat.peers._registry import (
     LEFT,
@@ -62,6 +71,7 @@ __all__ = [
     "job_secret",
     "leave_farewell",
     "linked",
+    "listeners",
     "lost_peers",
     "machine",
     "own_farewell",

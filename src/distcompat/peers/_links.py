@@ -378,10 +378,7 @@ class Links:
             if link.rank is not None:
                 with contextlib.suppress(OSError):
                     link.sock.send(bye)
-            link.sock.close()
-        self.links.clear()
-        self.listener.close()
-        _open.discard(self)
+        self.forsake()
 
     def forsake(self) -> None:
         """Close this process's copies of the sockets, saying nothing: a forked child's part.
