@@ -190,14 +190,20 @@ def test_a_link_carries_the_farewell_and_then_its_end(pair: tuple[Links, Links])
     assert _ended(high, accepted) == Ended(0, "ValueError: bad batch 7 at train.py:3")
 
 
-def test_a_link_whose_peer_says_nothing_ends_with_nothing_said(pair: tuple[Links, Links]) -> None:
-    low, high = pair
+def _linked(low: Links, high: Links) -> tuple[int, int]:
+    """Link ``low`` to ``high``: the dialled fd, and the accepted one."""
     with ThreadPoolExecutor(1) as pool:
         served = pool.submit(_serve_one, high)
         dialled = low.dial(1, _identity(os.getpid(), high.port))
         accepted = served.result()
     assert dialled is not None
     assert accepted is not None
+    return dialled, accepted
+
+
+def test_a_link_whose_peer_says_nothing_ends_with_nothing_said(pair: tuple[Links, Links]) -> None:
+    low, high = pair
+    dialled, accepted = _linked(low, high)
     low.links.pop(dialled).sock.close()  # as a SIGKILL does: no bye, the kernel closes it
     assert _ended(high, accepted) == Ended(0, "")
 
@@ -208,12 +214,7 @@ def test_a_link_ends_when_its_rank_does_though_a_child_it_forked_lives(
     """A child forked after the link exists (a DataLoader worker) closes its copy of the socket:
     the rank's end still ends the link while the child sleeps on."""
     low, high = pair
-    with ThreadPoolExecutor(1) as pool:
-        served = pool.submit(_serve_one, high)
-        dialled = low.dial(1, _identity(os.getpid(), high.port))
-        accepted = served.result()
-    assert dialled is not None
-    assert accepted is not None
+    dialled, accepted = _linked(low, high)
     child = os.fork()
     if child == 0:  # the worker: holds whatever it inherited, for 30 s
         time.sleep(30)

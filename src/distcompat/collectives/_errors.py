@@ -30,6 +30,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "PeerLostError",
+    "gone_error",
     "raise_typed",
     "translate",
     "typed_errors",
@@ -58,6 +59,25 @@ class CollectiveMismatchError(ValueError):
 
 class PeerLostError(CollectiveError, ConnectionError):
     """A peer process went away (crashed, was killed, or exited) during the collective."""
+
+
+def gone_error(op: str, gone: tuple[int, ...], where: str) -> PeerLostError:
+    """Return the error of ``op`` whose peers ``gone`` (global ranks, at least one) ended.
+
+    ``where`` says what this rank was doing; each lost rank's farewell follows, where it left
+    one.
+
+    Example:
+        >>> str(gone_error("all_reduce", (1, 3), "while this rank waited"))
+        'all_reduce: a peer process went away (ranks 1, 3) while this rank waited'
+    """
+    ranks = f"rank{'s' if len(gone) > 1 else ''} {', '.join(map(str, gone))}"
+    return PeerLostError(
+        f"{op}: a peer process went away ({ranks}) {where}{farewells(gone)}",
+        op=op,
+        peer=gone[0],
+        peers=gone,
+    )
 
 
 class CollectiveTimeoutError(CollectiveError, TimeoutError):

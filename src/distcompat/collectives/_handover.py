@@ -35,8 +35,8 @@ from typing import Any
 
 import torch
 
-from distcompat.collectives._errors import PeerLostError
-from distcompat.peers import Lost, farewells, gone_peers, listeners
+from distcompat.collectives._errors import gone_error
+from distcompat.peers import Lost, gone_peers, listeners
 
 __all__ = ["OWED", "Caller", "raise_owed", "shielded"]
 
@@ -182,15 +182,8 @@ def _peer_lost(lost: Lost) -> None:
         gone = gone_peers(shield.group)
         if lost.rank not in gone:
             continue
-        error = PeerLostError(
-            f"{shield.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-            f"{', '.join(map(str, gone))}) while a caller in C++ (DDP's reducer, a functional "
-            f"collective) waited for it{farewells(gone)}",
-            op=shield.op,
-            peer=gone[0],
-            peers=gone,
-        )
-        shield.end(shield.outputs, error)
+        where = "while a caller in C++ (DDP's reducer, a functional collective) waited for it"
+        shield.end(shield.outputs, gone_error(shield.op, gone, where))
 
 
 def shielded(

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
-from distcompat.collectives._errors import CollectiveTimeoutError, PeerLostError
-from distcompat.peers import farewells, gone_peers
+from distcompat.collectives._errors import CollectiveTimeoutError, gone_error
+from distcompat.peers import gone_peers
 
 __all__ = [
     "POLL",
@@ -257,14 +257,7 @@ def until(
                 between()
             gone = gone_peers(wait.group)
             if gone:
-                raise PeerLostError(
-                    f"{wait.op}: a peer process went away (rank{'s' if len(gone) > 1 else ''} "
-                    f"{', '.join(map(str, gone))}) while this rank waited {wait.describe()}"
-                    f"{farewells(gone)}",
-                    op=wait.op,
-                    peer=gone[0],
-                    peers=gone,
-                )
+                raise gone_error(wait.op, gone, f"while this rank waited {wait.describe()}")
             watched = observer
             if watched is not None:
                 watched.watch(wait)
