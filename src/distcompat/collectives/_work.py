@@ -164,7 +164,7 @@ class CompatWork:
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         watcher = _checked.watch  # distcompat.diagnostics' watchdog bounds an unbounded wait
         if seconds is None and watcher is not None and not self._done.is_set():
-            watcher.wait_event(self._done, self, self.group)
+            watcher.wait_event(self._done, self)
         elif not self._done.wait(seconds):
             raise TimeoutError(
                 f"collective not complete after {seconds}s (strategy {self.strategy!r}); it keeps "
@@ -222,10 +222,9 @@ def joined(handles: list[CompatWork], finish: Finish | None, result: Any) -> Com
 
     torch.futures.collect_all([h.get_future() for h in handles]).add_done_callback(complete)
     strategy = "native" if all(h.strategy == "native" for h in handles) else handles[0].strategy
-    first = handles[0] if handles else None
-    return CompatWork(
-        future, strategy, handles, getattr(first, "group", None), getattr(first, "op", "collective")
-    )
+    if not handles:
+        return CompatWork(future, strategy, handles)
+    return CompatWork(future, strategy, handles, handles[0].group, handles[0].op)
 
 
 def holds_inference(result: Any) -> bool:

@@ -323,11 +323,11 @@ class Watchdog:
             return
         handle.get_future().add_done_callback(lambda _: self._recorder.finished(key))
 
-    def wait_event(self, done: threading.Event, handle: Any, group: Any = None) -> None:
+    def wait_event(self, done: threading.Event, handle: Any) -> None:
         """``CompatWork.wait()`` without a timeout: the bounded wait of a synchronous call.
 
         A watched handle's wait goes in slices like every other (:meth:`wait_late`): a peer
-        of ``group`` that ended (the peer watch saw it, or ``/proc`` says so) raises
+        of the handle's ``group`` that ended (the peer watch saw it, or ``/proc`` says so) raises
         :class:`PeerLostError` within a slice, even while the backend's op still waits on it
         (gloo waits for its sockets to close, which a child the peer forked keeps open: a
         DataLoader worker, for seconds); the call's age past the timeout is a hang. The op
@@ -338,10 +338,11 @@ class Watchdog:
             done.wait()
             return
         raw = entry[0]
-        self._bounded(done.wait, id(handle), raw, to_record(raw).op, group, answer_first=False)
+        op = to_record(raw).op
+        self._bounded(done.wait, id(handle), raw, op, handle.group, answer_first=False)
         error = declared_failure(handle.exception())
         if error is not None:
-            note_failure(f"{to_record(raw).op}: {type(error).__name__}")
+            note_failure(f"{op}: {type(error).__name__}")
 
     def _hung(self, what: str, started: float, op: str) -> None:
         """Handle a call (``what``: its words) not done in time: report, raise unless reporting."""
