@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nox
+import nox.command
 
 #: The newest torch release (a bare ``pip install torch`` gives it): every session runs on it.
 NEWEST = "2.15.0"
@@ -116,11 +117,28 @@ def torch_env(session: nox.Session, torch: str, extras: Sequence[str] = ("tests"
     if set(wanted) <= had:
         session.log(f"{env.path.name} has {', '.join(wanted)} (this pyproject): no pip run")
     else:
-        session.run(str(env.bin / "python"), "-m", "pip", "install", "-q", torch, "-e", target,
-                    *packages, external=True)  # fmt: skip
+        _pip_install(session, env, torch, "-e", target, *packages)
         _stamp(stamp, had | set(wanted))
     env.run(session, "python", "-c", "import torch; print('torch', torch.__version__)")
     return env
+
+
+#: pip's tries at one install. A torch release not on this disk comes from PyPI (the floor's
+#: CUDA build and its libraries: 6.7 GB), and pip 23 does not resume a broken download.
+PIP_TRIES = 3
+
+
+def _pip_install(session: nox.Session, env: TorchEnv, *args: str) -> None:
+    """``pip install -q *args`` in ``env``, tried again (up to :data:`PIP_TRIES`) if it fails."""
+    for attempt in range(1, PIP_TRIES + 1):
+        try:
+            session.run(str(env.bin / "python"), "-m", "pip", "install", "-q", *args,
+                        external=True)  # fmt: skip
+            return
+        except nox.command.CommandFailed:
+            if attempt == PIP_TRIES:
+                raise
+            session.warn(f"pip install failed (try {attempt} of {PIP_TRIES}): trying again")
 
 
 #: What an editable install takes from the tree (metadata, dependencies, the version): a change

@@ -212,6 +212,49 @@ def test_a_killed_or_stopped_peer_raises_the_typed_error_naming_it(
         assert seen["leftovers"] == []  # unlinked at setup: a crash leaves nothing behind
 
 
+def _queued_behind_a_lost_peer(record: str) -> None:
+    """Rank 0 queues two async all_reduces on the path; rank 1 is SIGKILLed before its part."""
+    import distcompat.distributed as dist
+    from distcompat.collectives import CollectiveError, all_reduce
+
+    configure()
+    rank = dist.get_rank()
+    for _ in range(2):  # the calls below, checked in this order: no mismatch check waits
+        dist.barrier()
+        all_reduce(torch.ones(1 << 12))
+        all_reduce(torch.ones(1 << 12))
+    assert shm.status(None).engaged
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.3)  # rank 0 has queued both ops by now
+        os.kill(os.getpid(), signal.SIGKILL)
+    handles = [all_reduce(torch.ones(1 << 12), async_op=True) for _ in range(2)]
+    seen = []
+    for handle in handles:
+        assert handle is not None
+        try:
+            handle.wait()
+        except CollectiveError as exc:
+            seen.append({"error": type(exc).__name__, "peers": list(exc.peers), "text": str(exc)})
+        time.sleep(0.2)  # the second op has met the broken path by now: its own error
+    Path(record).write_text(json.dumps(seen))
+
+
+def test_an_op_queued_behind_a_lost_peer_raises_peer_lost_naming_it(tmp_path: Path) -> None:
+    """The first op sees rank 1 go; the one queued behind it meets the path broken, and says the
+    same: a ``PeerLostError`` naming rank 1, not a bare ``CollectiveError`` (a metric all-reduce
+    issued just after DDP's backward failed raised one, and the rank went unnamed)."""
+    record = tmp_path / "seen"
+    with pytest.raises((RankFailedError, RankTimeoutError)):  # rank 1 died, by design
+        run_on_ranks(_queued_behind_a_lost_peer, 2, args=(str(record),), timeout=20)
+    first, second = json.loads(record.read_text())
+    for seen in (first, second):
+        assert seen["error"] == "PeerLostError", seen
+        assert seen["peers"] == [1], seen
+        assert "(rank 1)" in seen["text"], seen
+    assert "failed before" in second["text"], second
+
+
 def _ours() -> set[str]:
     return {n for n in os.listdir(SHM_DIR) if n.startswith(_PREFIX)}
 

@@ -20,7 +20,11 @@ lands within a few bytecodes of ``loss.backward()`` returning; on a loaded machi
 may come later, after the optimizer step, but never after the thread's next collective: an
 error delivered by the watcher while that collective already waited in native code would wait
 with it (a dead peer's sockets held open by a child it forked, a DataLoader worker, kept gloo
-waiting 4 s past the kill here).
+waiting 4 s past the kill here). An asynchronous raise lands wherever the thread is, and code
+there may swallow it: a :class:`PeerLostError` is a ``ConnectionError``, and importlib's path
+scans catch ``OSError`` (Accelerate's ``optimizer.step()`` looks for a package on each step; 4 of
+8 kills here). The group's next collective then raises a ``PeerLostError`` naming the rank on
+its own: the peer is gone, and every path (gloo's wait, shared memory) says so.
 """
 
 from __future__ import annotations

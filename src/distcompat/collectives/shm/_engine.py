@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from distcompat.collectives._errors import CollectiveError
+from distcompat.collectives._errors import CollectiveError, PeerLostError
 from distcompat.collectives._profiled import begin, recording
 from distcompat.collectives.shm._barrier import Barrier
 from distcompat.collectives.shm._folds import (
@@ -70,6 +70,7 @@ class Engine(Ops):
         self.rank = rank
         self.world = world
         self.broken = ""  # why the path can no longer be used on this group ('' while it can)
+        self._failure: CollectiveError | None = None  # the op's error that broke it, if one did
         self.calls = 0  # ops run on the path (tests and benchmarks read it)
         self._chunks = 0  # chunks moved so far: the same on every rank; picks the buffer
         self._queue: queue.SimpleQueue[ShmWork | None] = queue.SimpleQueue()
@@ -148,7 +149,7 @@ class Engine(Ops):
 
     def _failed(self, op: str, call: Call, error: CollectiveError) -> ShmWork:
         """Mark the path broken and return a settled work whose ``wait()`` raises ``error``."""
-        self.broken = self.broken or str(error)
+        self._break(error)
         work = ShmWork(self, op, call)
         work.settle(error)
         return work
@@ -195,7 +196,7 @@ class Engine(Ops):
                 return  # a slice ended: a later wait goes on from here
             error: BaseException | None = None
         except CollectiveError as exc:
-            self.broken = self.broken or str(exc)
+            self._break(exc)
             error = exc
         except BaseException as exc:  # handed to the waiter, never lost in the group's thread
             error = exc
@@ -209,11 +210,7 @@ class Engine(Ops):
         if work.target is None and not self.broken:
             barrier.start(work.op, work.signature)
         elif self.broken:
-            raise CollectiveError(
-                f"{work.op}: the shared-memory path of this group failed before: {self.broken}",
-                op=work.op,
-                peer=None,
-            )
+            raise self._failed_before(work.op)
         while True:
             if work.target is not None:
                 if not barrier.wait_for(work.target, until):
@@ -224,6 +221,24 @@ class Engine(Ops):
             except StopIteration:
                 return True
             work.target = barrier.arrive()
+
+    def _break(self, error: CollectiveError) -> None:
+        """Mark the path unusable on this group because an op failed with ``error`` (the first)."""
+        if not self.broken:
+            self.broken, self._failure = str(error), error
+
+    def _failed_before(self, op: str) -> CollectiveError:
+        """Return the error of ``op``, issued before the path broke and run after it broke.
+
+        A lost peer stays a :class:`PeerLostError` naming the rank: an op queued behind the one
+        that saw the peer go (DDP's next bucket, a metric all-reduce issued while the peer
+        watch had already ended the caller's backward) fails for the same reason.
+        """
+        message = f"{op}: the shared-memory path of this group failed before: {self.broken}"
+        first = self._failure
+        if isinstance(first, PeerLostError):
+            return PeerLostError(message, op=op, peer=first.peer, peers=first.peers)
+        return CollectiveError(message, op=op, peer=None)
 
     def submit(self, work: ShmWork) -> None:
         """Queue ``work`` for the group's thread (ops run in the order they were queued)."""
