@@ -70,7 +70,7 @@ class Engine(Ops):
         self.rank = rank
         self.world = world
         self.broken = ""  # why the path can no longer be used on this group ('' while it can)
-        self._failure: CollectiveError | None = None  # the op's error that broke it, if one did
+        self._lost: tuple[int, ...] = ()  # the lost peers that broke it, if a loss did
         self.calls = 0  # ops run on the path (tests and benchmarks read it)
         self._chunks = 0  # chunks moved so far: the same on every rank; picks the buffer
         self._queue: queue.SimpleQueue[ShmWork | None] = queue.SimpleQueue()
@@ -224,8 +224,9 @@ class Engine(Ops):
 
     def _break(self, error: CollectiveError) -> None:
         """Mark the path unusable on this group because an op failed with ``error`` (the first)."""
-        if not self.broken:
-            self.broken, self._failure = str(error), error
+        if not self.broken:  # the peers, not the error: its traceback holds the op's tensors
+            self.broken = str(error)
+            self._lost = error.peers if isinstance(error, PeerLostError) else ()
 
     def _failed_before(self, op: str) -> CollectiveError:
         """Return the error of ``op``, issued before the path broke and run after it broke.
@@ -235,9 +236,8 @@ class Engine(Ops):
         watch had already ended the caller's backward) fails for the same reason.
         """
         message = f"{op}: the shared-memory path of this group failed before: {self.broken}"
-        first = self._failure
-        if isinstance(first, PeerLostError):
-            return PeerLostError(message, op=op, peer=first.peer, peers=first.peers)
+        if self._lost:
+            return PeerLostError(message, op=op, peer=self._lost[0], peers=self._lost)
         return CollectiveError(message, op=op, peer=None)
 
     def submit(self, work: ShmWork) -> None:
