@@ -23,6 +23,10 @@ import torch.distributed as dist
 
 from distcompat.launch._local_ranks import is_launcher_variable, local_rank_environ
 
+#: How long ranks still running at the deadline get to log their stacks before they are killed
+#: (SIGUSR2: distcompat's on-demand dump), so that a hang says where it was.
+DUMP_S = 3.0
+
 
 @dataclass(frozen=True, slots=True)
 class Ended:
@@ -49,10 +53,12 @@ def run_ranks(
     """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
 
     ``stop_after``: once that rank has exited, give the others ``grace_s``, then kill them (a
-    peer left stuck on purpose). A rank killed by us has ``returncode`` None. ``restart``: ranks
-    whose process a signal ends are started once more with the same environment and
-    ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with ``--max-restarts``; each
-    replacement's :class:`Ended` follows the first ``world_size`` (the same ``rank``).
+    peer left stuck on purpose). A rank killed by us has ``returncode`` None; at the deadline
+    each is first asked for its stacks (:data:`DUMP_S`), which its stderr then holds.
+    ``restart``: ranks whose process a signal ends are started once more with the same
+    environment and ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with
+    ``--max-restarts``; each replacement's :class:`Ended` follows the first ``world_size`` (the
+    same ``rank``).
     """
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     base = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
@@ -87,6 +93,11 @@ def run_ranks(
         if stop_at is not None and time.monotonic() > stop_at:
             break
         time.sleep(0.05)
+    if time.monotonic() >= deadline:  # hung (not a peer left stuck on purpose): where?
+        for index, (_, proc) in enumerate(procs):
+            if index not in ended:
+                proc.send_signal(signal.SIGUSR2)
+        time.sleep(DUMP_S)
     results = []
     for index, (rank, proc) in enumerate(procs):
         killed = index not in ended

@@ -7,8 +7,10 @@ error is handed over in; the watcher thread that would raise it asynchronously i
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType
 
@@ -17,7 +19,15 @@ import torch
 
 from distcompat.collectives import _entry, _handover
 from distcompat.collectives._errors import PeerLostError
-from distcompat.collectives._handover import OWED, Caller, raise_owed, shielded
+from distcompat.collectives._handover import FAILED, OWED, Caller, forget, raise_owed, shielded
+
+
+@pytest.fixture(autouse=True)
+def _nothing_handed_over() -> Iterator[None]:
+    """Each test starts and ends with no error owed or on record in this process."""
+    forget()
+    yield
+    forget()
 
 
 @pytest.fixture
@@ -124,3 +134,84 @@ def test_the_watcher_raises_in_the_thread_once_it_is_back() -> None:
     assert len(seen) == 1
     assert "rank 1" in str(seen[0])
     assert not OWED
+
+
+def _optimizer() -> torch.optim.Optimizer:
+    return torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+
+
+def _clean_backward() -> None:
+    """Stand in for the next backward: a C++ call from another frame hands over an op."""
+    done: torch.futures.Future[object] = torch.futures.Future()
+    done.set_result(["reduced"])
+    shielded(done, None, Caller(threading.get_ident(), sys._getframe()))
+
+
+def test_each_step_after_a_failed_backward_raises_until_the_next_backward(
+    slow_watcher: threading.Event,
+) -> None:
+    """The watcher is late: the step claims the owed error, so the watcher raises nothing."""
+    opt = _optimizer()
+    before = opt.param_groups[0]["params"][0].detach().clone()
+    opt.param_groups[0]["params"][0].grad = torch.ones(2)  # what a failed reduction left
+    _backward([])
+    for _ in range(2):  # caught, and stepped again: still the gradients of the failed backward
+        with pytest.raises(PeerLostError, match=r"rank 1"):
+            opt.step()
+    assert not OWED
+    assert torch.equal(opt.param_groups[0]["params"][0], before)  # no step was applied
+    slow_watcher.set()
+    _clean_backward()
+    assert not FAILED
+    opt.step()
+    assert not torch.equal(opt.param_groups[0]["params"][0], before)
+
+
+def _spin(seconds: float, swallow: bool) -> int:
+    """Run Python for ``seconds``; with ``swallow``, as importlib's path scans do (``except
+    OSError``) around each stat. Return how many errors were swallowed."""
+    swallowed = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            os.stat("/")
+        except OSError:
+            if not swallow:
+                raise
+            swallowed += 1
+    return swallowed
+
+
+def test_a_swallowed_raise_is_raised_again_by_the_step() -> None:
+    """The watcher's raise lands in code that catches ``OSError`` (a ``PeerLostError`` is a
+    ``ConnectionError``): the optimizer step raises it all the same."""
+    opt = _optimizer()
+    _backward([])
+    swallowed = 0
+    deadline = time.monotonic() + 10
+    while not swallowed and OWED and time.monotonic() < deadline:
+        swallowed = _spin(0.01, swallow=True)  # the watcher raises once the call is back
+    assert swallowed == 1
+    assert not OWED
+    with pytest.raises(PeerLostError, match=r"rank 1"):
+        opt.step()
+
+
+def test_the_error_lands_once_whoever_raises_it_first() -> None:
+    """The watcher and the step race (the step comes 0 to 2 ms after the call returns): the
+    error is raised exactly once, and nothing lands in the Python that runs afterwards."""
+    opt = _optimizer()
+    for attempt in range(40):
+        _backward([])
+        raised = 0
+        try:
+            time.sleep(attempt % 5 * 0.0005)
+            opt.step()
+        except PeerLostError:
+            raised += 1
+        try:
+            _spin(0.01, swallow=False)  # a raise still on its way would land here
+        except PeerLostError:
+            raised += 1
+        assert raised == 1, attempt
+        _clean_backward()

@@ -12,19 +12,24 @@ once that call has returned::
 
 The error is owed to the caller's thread until it is raised there, once: by a watcher thread
 with ``PyThreadState_SetAsyncExc`` as soon as it sees that the frame the C++ call was made from
-has returned (``_engine_run_backward`` for DDP), or by the thread's next distcompat collective
-(:func:`raise_owed`, which every entry calls), whichever comes first. Python that C++ runs
-meanwhile (callbacks, torch extracting a future's tensors, the reducer's next buckets) is left
-alone, since C++ would turn the error into a RuntimeError with its text or drop it. It usually
-lands within a few bytecodes of ``loss.backward()`` returning; on a loaded machine the watcher
-may come later, after the optimizer step, but never after the thread's next collective: an
-error delivered by the watcher while that collective already waited in native code would wait
-with it (a dead peer's sockets held open by a child it forked, a DataLoader worker, kept gloo
-waiting 4 s past the kill here). An asynchronous raise lands wherever the thread is, and code
-there may swallow it: a :class:`PeerLostError` is a ``ConnectionError``, and importlib's path
-scans catch ``OSError`` (Accelerate's ``optimizer.step()`` looks for a package on each step; 4 of
-8 kills here). The group's next collective then raises a ``PeerLostError`` naming the rank on
-its own: the peer is gone, and every path (gloo's wait, shared memory) says so.
+has returned (``_engine_run_backward`` for DDP), by the thread's next optimizer step
+(:func:`refuse_step`, a global ``torch.optim`` step pre-hook), or by its next distcompat
+collective (:func:`raise_owed`, which every entry calls), whichever comes first. Python that
+C++ runs meanwhile (callbacks, torch extracting a future's tensors, the reducer's next buckets)
+is left alone, since C++ would turn the error into a RuntimeError with its text or drop it. It
+usually lands within a few bytecodes of ``loss.backward()`` returning; on a loaded machine the
+watcher may come later, but never after the thread's next step or collective: an error
+delivered by the watcher while that collective already waited in native code would wait with
+it (a dead peer's sockets held open by a child it forked, a DataLoader worker, kept gloo
+waiting 4 s past the kill here).
+
+An asynchronous raise lands wherever the thread is, and code there may swallow it: a
+:class:`PeerLostError` is a ``ConnectionError``, and importlib's path scans catch ``OSError``
+(Accelerate's ``optimizer.step()`` looks for a package on each step: 4 of 8 kills here). So the
+failure stays on record (:data:`FAILED`) after it is raised, and every optimizer step raises it
+again until the thread's next C++ call hands over an op (the next backward): no step applies
+gradients the reducer did not finish. An in-place regroup (``distcompat.inplace``) drops the
+record (:func:`forget`).
 """
 
 from __future__ import annotations
@@ -38,11 +43,12 @@ from types import FrameType
 from typing import Any
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from distcompat.collectives._errors import gone_error
 from distcompat.peers import Lost, gone_peers, listeners
 
-__all__ = ["OWED", "Caller", "raise_owed", "shielded"]
+__all__ = ["FAILED", "OWED", "Caller", "forget", "raise_owed", "refuse_step", "shielded"]
 
 #: How long the watcher follows a caller still inside its C++ call before raising anyway (s).
 _FOLLOW_S = 600.0
@@ -57,16 +63,20 @@ class Caller:
     frame: FrameType
 
     def inside_call(self) -> bool:
-        """Whether :attr:`frame` is still on the thread's stack.
+        """Whether :attr:`frame` is still on the thread's stack (it has not returned).
 
         The C++ call made from it, and any Python that C++ runs meanwhile (callbacks, torch
         extracting a future's tensors), is no place to raise: C++ would turn the error into its
-        text or drop it.
+        text or drop it. Asked of the frame in one call: ``frame.clear()`` refuses a frame that
+        is on a stack, and drops a returned one's locals (Python 3.10-3.13). Walking the
+        thread's stack from another thread raced with it: on Python 3.11 a frame that returned
+        meanwhile gave a garbage ``f_back`` (a ``str``, once in 12 runs of the tests here).
         """
-        top = sys._current_frames().get(self.thread)
-        while top is not None and top is not self.frame:
-            top = top.f_back
-        return top is not None
+        try:
+            self.frame.clear()
+        except RuntimeError:  # "cannot clear an executing frame"
+            return True
+        return False
 
 
 class _Pending(BaseException):
@@ -84,6 +94,11 @@ def _raise_in(thread: int, error: BaseException) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(pending))
 
 
+def _cancel_pending(thread: int) -> None:
+    """Cancel an asynchronous raise in ``thread`` that has not landed yet (none: no effect)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), None)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class _Owed:
     """An error owed to the thread of ``caller``: raised there once, by whoever claims it."""
@@ -95,6 +110,10 @@ class _Owed:
 #: thread ident -> the error owed to it (one at a time: a later failure of the same C++ call,
 #: another bucket's, adds nothing). Read without the lock by :func:`raise_owed`'s callers.
 OWED: dict[int, _Owed] = {}
+#: thread ident -> the failure of its last C++ call whose op failed (a backward whose bucket
+#: did): the gradients it left are not the reduced ones. Raised by every optimizer step until
+#: the thread's next C++ call hands over an op (:func:`shielded`), claimed or not.
+FAILED: dict[int, _Owed] = {}
 _claims = threading.Lock()
 
 
@@ -113,7 +132,7 @@ def _owe(caller: Caller, error: BaseException) -> None:
     with _claims:
         if caller.thread in OWED:
             return
-        OWED[caller.thread] = owed
+        OWED[caller.thread] = FAILED[caller.thread] = owed
     _watch(owed)
 
 
@@ -128,8 +147,12 @@ def _raise_when_back(owed: _Owed) -> None:
     deadline = time.monotonic() + _FOLLOW_S
     while caller.inside_call() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-    if _claim(owed) and caller.thread in sys._current_frames():  # an ended thread owes nothing
-        _raise_in(caller.thread, owed.error)
+    with _claims:  # claimed and raised at once: refuse_step sees it owed or on its way
+        if OWED.get(caller.thread) is not owed:
+            return
+        del OWED[caller.thread]
+        if caller.thread in sys._current_frames():  # an ended thread owes nothing
+            _raise_in(caller.thread, owed.error)
 
 
 def raise_owed() -> None:
@@ -145,6 +168,50 @@ def raise_owed() -> None:
     if owed is None or owed.caller.inside_call() or not _claim(owed):
         return
     raise owed.error
+
+
+def refuse_step() -> None:
+    """Raise, before an optimizer step, the error of this thread's last failed C++ reduction.
+
+    The optimizer would apply gradients DDP's reducer did not finish: on a loaded machine the
+    watcher's asynchronous raise may come after the step, and code that catches ``OSError``
+    may swallow it (a :class:`PeerLostError` is a ``ConnectionError``; importlib's path scans
+    in Accelerate's ``optimizer.step()`` did). Raised by every ``torch.optim`` step (a global
+    step pre-hook, registered with the first shielded future) until the thread's next C++
+    call hands over an op; an error still owed is claimed here, so the watcher raises nothing.
+
+    Example:
+        >>> refuse_step()   # no failed reduction on this thread: returns
+    """
+    thread = threading.get_ident()
+    failed = FAILED.get(thread)
+    if failed is None or failed.caller.inside_call():
+        return
+    with _claims:
+        if OWED.get(thread) is failed:
+            del OWED[thread]
+        else:  # the watcher raised it: if it has not landed yet, it lands here instead, once
+            _cancel_pending(thread)
+    raise failed.error.with_traceback(None)  # raised again at each step: not a growing trace
+
+
+def forget() -> None:
+    """Drop every error handed over so far: the group went on past them (an in-place regroup).
+
+    An error still owed would otherwise fail the first collective or step after the regroup.
+
+    Example:
+        >>> forget()
+    """
+    with _claims:
+        OWED.clear()
+        FAILED.clear()
+
+
+def _before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """Refuse a ``torch.optim`` step after a failed reduction (one dict's truth test if none)."""
+    if FAILED:
+        refuse_step()
 
 
 @dataclass(eq=False, slots=True)
@@ -215,7 +282,11 @@ def shielded(
     shield = _Shield(torch.futures.Future(), outputs, caller, group, op)
     if not _listening:
         listeners.append(_peer_lost)
+        register_optimizer_step_pre_hook(_before_step)
         _listening = True
+    failed = FAILED.get(caller.thread)
+    if failed is not None and failed.caller.frame is not caller.frame:
+        del FAILED[caller.thread]  # a new C++ call (the next backward): a new reduction
     _shields[id(shield)] = shield
 
     def settle(done: torch.futures.Future[Any]) -> None:

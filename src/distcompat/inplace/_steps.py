@@ -42,6 +42,7 @@ from distcompat import _torch, peers
 from distcompat._ranks import recorded, rendezvous
 from distcompat._store import QuickStore
 from distcompat.collectives import all_reduce
+from distcompat.collectives._handover import forget, refuse_step
 from distcompat.inplace._ddp import regroup_ddp
 from distcompat.inplace._errors import InPlaceError, InPlaceUnsupportedError, ShrinkRefusedError
 from distcompat.inplace._grow import Admissions, Proposal, announce_members, wait_admitted, went_on
@@ -314,6 +315,7 @@ class InPlace:
         progress = self._progress
 
         def counted(*args: Any, **kwargs: Any) -> Any:
+            refuse_step()  # a backward whose reduction failed: not applied, so not torn
             progress.stepping = True
             result = step(*args, **kwargs)
             if self._shards and self._grouped:  # the step's shares in two places: then it counts
@@ -393,6 +395,7 @@ class InPlace:
                 mine = self._synced or Position(mine.applied, mine.torn or self._syncing)
         else:
             raise ShrinkRefusedError(f"ranks kept being lost during {ATTEMPTS} regroups in a row")
+        forget()  # the failures handed over from the old group's ops: past them now
         return recovery
 
     def _regroup_once(self, first: Members, mine: Position) -> Recovery:
