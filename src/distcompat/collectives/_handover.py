@@ -117,13 +117,18 @@ FAILED: dict[int, _Owed] = {}
 _claims = threading.Lock()
 
 
+def _take(owed: _Owed) -> bool:
+    """Take ``owed`` off :data:`OWED` if it is still there (``_claims`` held): True once."""
+    if OWED.get(owed.caller.thread) is not owed:
+        return False
+    del OWED[owed.caller.thread]
+    return True
+
+
 def _claim(owed: _Owed) -> bool:
     """Take ``owed`` off :data:`OWED` if it is still there: True for exactly one claimant."""
     with _claims:
-        if OWED.get(owed.caller.thread) is not owed:
-            return False
-        del OWED[owed.caller.thread]
-        return True
+        return _take(owed)
 
 
 def _owe(caller: Caller, error: BaseException) -> None:
@@ -148,10 +153,7 @@ def _raise_when_back(owed: _Owed) -> None:
     while caller.inside_call() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
     with _claims:  # claimed and raised at once: refuse_step sees it owed or on its way
-        if OWED.get(caller.thread) is not owed:
-            return
-        del OWED[caller.thread]
-        if caller.thread in sys._current_frames():  # an ended thread owes nothing
+        if _take(owed) and caller.thread in sys._current_frames():  # an ended thread: nothing
             _raise_in(caller.thread, owed.error)
 
 
@@ -188,9 +190,7 @@ def refuse_step() -> None:
     if failed is None or failed.caller.inside_call():
         return
     with _claims:
-        if OWED.get(thread) is failed:
-            del OWED[thread]
-        else:  # the watcher raised it: if it has not landed yet, it lands here instead, once
+        if not _take(failed):  # the watcher raised it: not landed yet, it lands here, once
             _cancel_pending(thread)
     raise failed.error.with_traceback(None)  # raised again at each step: not a growing trace
 
