@@ -11,6 +11,7 @@ process per rank joining a gloo group through this process's ``TCPStore``::
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def run_ranks(
     stop_after: int | None = None,
     grace_s: float = 0.5,
     restart: Sequence[int] = (),
+    term_after: int | None = None,
 ) -> list[Ended]:
     """Run ``script`` on ``world_size`` ranks until all exit (or ``timeout``); kill what is left.
 
@@ -59,6 +61,8 @@ def run_ranks(
     environment and ``TORCHELASTIC_RESTART_COUNT=1``, as torchrun's agent does with
     ``--max-restarts``; each replacement's :class:`Ended` follows the first ``world_size`` (the
     same ``rank``).
+    ``term_after``: the moment that rank's process ends, send SIGTERM to every other rank (a
+    launcher's agent at its fastest: torchrun's looks every 0.1 s, then does this).
     """
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     base = {k: v for k, v in os.environ.items() if not is_launcher_variable(k)}
@@ -77,6 +81,10 @@ def run_ranks(
         )
 
     procs = [(rank, start(rank, 0)) for rank in range(world_size)]
+    watched = select.poll()
+    pidfd = None if term_after is None else os.pidfd_open(procs[term_after][1].pid)
+    if pidfd is not None:
+        watched.register(pidfd, select.POLLIN)
     left = set(restart)
     ended: dict[int, float] = {}  # index in procs -> when it ended
     deadline = time.monotonic() + timeout
@@ -87,12 +95,19 @@ def run_ranks(
                 ended[index] = time.time()
                 if rank == stop_after:
                     stop_at = time.monotonic() + grace_s
+                if pidfd is not None and index == term_after:
+                    for other, (_, peer) in enumerate(procs):
+                        if other not in ended and peer.poll() is None:
+                            peer.send_signal(signal.SIGTERM)
+                    watched.unregister(pidfd)
+                    os.close(pidfd)
+                    pidfd = None
                 if rank in left and proc.returncode < 0:
                     left.discard(rank)
                     procs.append((rank, start(rank, 1)))
         if stop_at is not None and time.monotonic() > stop_at:
             break
-        time.sleep(0.05)
+        watched.poll(50)  # a pidfd wakes it the moment ``term_after`` ends; else a pause
     if time.monotonic() >= deadline:  # hung (not a peer left stuck on purpose): where?
         for index, (_, proc) in enumerate(procs):
             if index not in ended:

@@ -12,7 +12,8 @@ Modules: ``_identity`` (a process's identity, liveness from ``/proc``), ``_regis
 (identities and farewells through the rendezvous store), ``_lost`` (naming the lost or stopped
 peer), ``_links`` (links to peers on other machines) and ``_talk`` (what they say: greetings
 and proofs under the job's secret), ``_relay`` (losses told through the store in large worlds),
-``_watch`` (the thread that watches them all).
+``_watch`` (the thread that watches them all), ``_term`` (a launcher's SIGTERM waits for the
+watch's lines).
 What the links listen on and accept: docs/network.md.
 """
 

@@ -16,7 +16,9 @@ ends. The thread sleeps in ``poll`` on them all: no cost to any collective. When
   :class:`PeerLostError` at its next look (``_wait.until``), naming the farewell too.
 
 An error about to end this process settles first (:meth:`_Watch.settle`): the line is written
-before it, on the erring thread if the watch's own has not come to it yet.
+before it, on the erring thread if the watch's own has not come to it yet. So does a launcher's
+SIGTERM where the program left SIGTERM to its default action (``_term``): the thread writes the
+lines it can, then ends the process as that action would.
 
 Across machines the line comes a round trip after the process ends (15.5 ms median, 41 ms
 worst of 10 from a SIGKILL, two network namespaces here, ``benchmarks/bench_peer_links.py``).
@@ -45,7 +47,7 @@ import torch.distributed as dist
 
 from distcompat._scarcity import ran_out
 from distcompat.launch._settings import choose_peer_links
-from distcompat.peers import _lost, _registry, _relay
+from distcompat.peers import _lost, _registry, _relay, _term
 from distcompat.peers._identity import Identity, address_of, is_alive, same_machine
 from distcompat.peers._links import Links, all_linked, linked
 from distcompat.peers._lost import Lost
@@ -78,7 +80,9 @@ class _Watch:
         self.telling: set[int] = set()  # of those, the ones whose line is not written yet
         self.told = threading.Condition()  # guards claimed and telling
         self.wake_read, self.wake_write = os.pipe()
+        os.set_blocking(self.wake_write, False)  # written from a signal handler: never waits
         self.stopped = False
+        self.ending = False  # SIGTERM came: settle, then end the process (``_term``)
         self.leaving = LEFT  # the farewell the links are told when the watch stops (``stop``)
         self.thread = threading.Thread(target=self._run, name="distcompat-peer-watch", daemon=True)
 
@@ -86,6 +90,9 @@ class _Watch:
         watched: dict[int, int] = {}  # pidfd -> rank
         poller = select.poll()
         poller.register(self.wake_read, select.POLLIN)
+        term_fd = _term.read_fd()
+        if term_fd is not None:
+            poller.register(term_fd, select.POLLIN)
         links = self.links
         if links is not None:
             links.attach(poller)  # the listener, and each link as it comes and goes
@@ -116,23 +123,55 @@ class _Watch:
                 timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
                 for fd, _ in poller.poll(timeout_ms):
                     if fd == self.wake_read:
-                        continue
-                    if fd in watched:
-                        poller.unregister(fd)
-                        os.close(fd)
-                        self._record(watched.pop(fd))
-                    elif links is not None and fd == links.listener.fileno():
-                        links.accept()
-                    elif links is not None and fd in links.links:
-                        ended = links.read(fd)  # closes the link when it ended
-                        if ended is not None and ended.rank is not None:  # a proven peer's
-                            self._record(ended.rank, ended.said)
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(fd, 512)
+                    elif fd == term_fd:
+                        if _term.woken_by_term():  # a byte from Python's C signal handler
+                            self._settle_ready(poller, watched)
+                            self.ending = self.ending or _term.installed()
+                    else:
+                        self._dispatch(fd, poller, watched)
+                    if self.ending:  # our SIGTERM handler's: lines first, then its default end
+                        self._settle_ready(poller, watched)
+                        _term.end()
         finally:
             for fd in watched:
                 os.close(fd)
             if links is not None:
                 links.close(self.leaving)
             os.close(self.wake_read)
+
+    def _dispatch(self, fd: int, poller: select.poll, watched: dict[int, int]) -> None:
+        """Act on ``fd`` being ready: a peer's pidfd, the links' listener, or a link."""
+        links = self.links
+        if fd in watched:
+            poller.unregister(fd)
+            os.close(fd)
+            self._record(watched.pop(fd))
+        elif links is not None and fd == links.listener.fileno():
+            links.accept()
+        elif links is not None and fd in links.links:
+            ended = links.read(fd)  # closes the link when it ended
+            if ended is not None and ended.rank is not None:  # a proven peer's
+                self._record(ended.rank, ended.said)
+
+    def _settle_ready(self, poller: select.poll, watched: dict[int, int]) -> None:
+        """Record every end ready now (a pidfd or a link), without waiting for more."""
+        for fd, _ in poller.poll(0):
+            if fd in watched or (self.links is not None and fd in self.links.links):
+                self._dispatch(fd, poller, watched)
+
+    def ask_end(self) -> bool:
+        """Have the thread settle, then end the process as SIGTERM would; False: no thread.
+
+        Runs in the SIGTERM handler (``_term``): never blocks.
+        """
+        if not self.thread.is_alive():
+            return False
+        self.ending = True
+        with contextlib.suppress(OSError):
+            os.write(self.wake_write, b"x")
+        return True
 
     def _watch(
         self, rank: int, peer: Identity, poller: select.poll, watched: dict[int, int]
@@ -296,6 +335,7 @@ def start(me: int, world: int, *, links: bool = True) -> None:
     port, address = (listening.port, listening.address) if listening is not None else (0, "")
     _registry.publish(me, port=port, listen="" if address == _EVERY else address)
     _watch = _Watch(me, world, listening)
+    _log.debug("distcompat: %s", _term.install(_watch.ask_end))  # its pipe before the thread
     _watch.thread.start()
     _lost.watcher = _watch
     if not _exit_hooked:
@@ -338,6 +378,7 @@ def stop() -> None:
     watch, _watch = _watch, None
     if watch is None:
         return
+    _term.uninstall()
     _lost.watcher = None
     watch.leaving = _registry.own_farewell() or LEFT
     watch.stopped = True
