@@ -142,7 +142,9 @@ def end() -> None:
     """End this process as SIGTERM's default action would (its parent sees ``-15``).
 
     Callable from any thread: off the main thread the action is put back through libc, since
-    Python lets only the main thread set handlers.
+    Python lets only the main thread set handlers. Example (it does not return)::
+
+        end()   # the parent sees returncode -15, as after the default action
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(_SIGNAL, signal.SIG_DFL)
