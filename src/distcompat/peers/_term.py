@@ -1,8 +1,8 @@
 """SIGTERM after a peer ended: the watch's line naming that peer is written before this rank dies.
 
-A launcher that sees one rank fail stops the others, SIGTERM first: torchrun's agent looks every
-0.1 s, then signals every other worker; ``srun`` and ``mpirun`` do the same when a task ends
-badly. Under the default action the kernel ends a rank at that signal at once, so when the
+A launcher that sees one rank fail stops the others: torchrun's agent looks every 0.1 s, then
+sends every other worker SIGTERM (the one launcher measured here; any SIGTERM is met the same
+way). Under the default action the kernel ends a rank at that signal at once, so when the
 signal came inside the few milliseconds between the peer's end and the watch's line, the line
 was never written (measured with torchrun on torch 2.9.1, two busy cores beside it: the line
 0.5-6 ms after the peer's end, the agent's SIGTERM 4-90 ms after it, the line lost in 1 run of

@@ -82,7 +82,7 @@ class _Watch:
         self.wake_read, self.wake_write = os.pipe()
         os.set_blocking(self.wake_write, False)  # written from a signal handler: never waits
         self.stopped = False
-        self.ending = False  # SIGTERM came: settle, then end the process (``_term``)
+        self.ending = False  # our SIGTERM handler asked: settle, then end the process (``_term``)
         self.leaving = LEFT  # the farewell the links are told when the watch stops (``stop``)
         self.thread = threading.Thread(target=self._run, name="distcompat-peer-watch", daemon=True)
 
@@ -127,11 +127,12 @@ class _Watch:
                             os.read(fd, 512)
                     elif fd == term_fd:
                         if _term.woken_by_term():  # a byte from Python's C signal handler
-                            self._settle_ready(poller, watched)
-                            self.ending = self.ending or _term.installed()
+                            self._settle_ready(poller, watched)  # the lines, whoever handles it
+                            if _term.installed():  # ours: then the default action's end
+                                _term.end()
                     else:
                         self._dispatch(fd, poller, watched)
-                    if self.ending:  # our SIGTERM handler's: lines first, then its default end
+                    if self.ending:  # our handler asked from the main thread (``ask_end``)
                         self._settle_ready(poller, watched)
                         _term.end()
         finally:
