@@ -8,6 +8,7 @@ died at that signal with no line in 2 runs of 2.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -149,3 +150,22 @@ def test_sigterm_is_seen_in_the_pipe_the_watch_polls() -> None:
     signal.raise_signal(signal.SIGTERM)
     assert _term.woken_by_term()
     assert not _term.woken_by_term()  # read once
+
+
+@pytest.mark.usefixtures("default_sigterm")
+def test_no_fd_left_for_the_pipe_installs_the_handler_without_a_wakeup_fd(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Simulated: ``os.pipe`` fails as it does at the open-file limit (EMFILE)."""
+
+    def no_fd() -> tuple[int, int]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(_term, "_pipe", None)
+    monkeypatch.setattr(os, "pipe", no_fd)
+    said = _term.install(lambda: True)
+    assert said.startswith("installed: SIGTERM waits for the watch's lines (no wakeup fd: ")
+    assert "open" in said
+    assert _term.installed()
+    assert _term.read_fd() is None
+    assert signal.set_wakeup_fd(-1) == -1

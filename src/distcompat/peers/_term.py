@@ -23,7 +23,8 @@ What stays as it was: a program that handles SIGTERM itself, before or after ``i
 installed later replaces this handler; if it calls the handler it replaced, this one returns at
 once and the process lives on as that program decides, the lines written); ``init`` outside the
 main thread (nothing installed: the line races the launcher as before); a child made by
-``fork`` (DataLoader workers): SIGTERM's default action and no wakeup fd, as before.
+``fork`` (DataLoader workers): SIGTERM's default action and no wakeup fd, as before. With no fd
+left for the pipe, the handler goes in without a wakeup fd and asks the watch from the main thread.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+
+from distcompat._scarcity import ran_out
 
 __all__ = ["WAIT_S", "end", "install", "installed", "read_fd", "uninstall", "woken_by_term"]
 
@@ -85,7 +88,11 @@ def install(ask: Callable[[], bool]) -> str:
     if not _forks_hooked:
         os.register_at_fork(after_in_child=_in_child)
         _forks_hooked = True
-    _, write = _wakeup_pipe()
+    try:
+        _, write = _wakeup_pipe()
+    except OSError as exc:  # no fd left: the handler asks the watch from the main thread
+        why = ran_out(exc.errno) or str(exc)
+        return f"installed: SIGTERM waits for the watch's lines (no wakeup fd: {why})"
     before = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     if before not in (-1, write):  # someone's (asyncio's): theirs stays; the handler asks
         signal.set_wakeup_fd(before)
